@@ -1,0 +1,239 @@
+//! What a caller hands to `apply_batch` and what it gets back.
+//!
+//! `Batch` is plain data: deliveries in order plus checkpoint updates. It does
+//! no validation; `apply` decides what each delivery means.
+
+use bytes::Bytes;
+
+/// One change an event makes to its key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// An after-image that replaces the key's state.
+    Put(Bytes),
+    /// Removes the key's live row and leaves a tombstone with the event's seq.
+    Delete,
+    /// Adds a delta to a counter key (an i64 stored as canonical decimal text).
+    Add(i64),
+    /// A delivery the caller could not even parse (for example a malformed
+    /// input line). It is always invalid: refused under `OnConflict::Fail`,
+    /// quarantined with `reason` under `OnConflict::Quarantine`.
+    Malformed { reason: String },
+}
+
+/// One arrival of an event.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Delivery {
+    /// The event's idempotency key.
+    pub event_id: Bytes,
+    /// The business key the event changes.
+    pub key: Bytes,
+    /// The source's version of the key's state; larger is newer.
+    pub seq: u64,
+    /// What the event does.
+    pub op: Op,
+}
+
+/// An ordered list of deliveries plus checkpoint updates, under one batch id.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Batch {
+    id: Bytes,
+    deliveries: Vec<Delivery>,
+    checkpoints: Vec<(Bytes, Bytes)>,
+}
+
+fn bytes_of(value: impl AsRef<[u8]>) -> Bytes {
+    Bytes::copy_from_slice(value.as_ref())
+}
+
+impl Batch {
+    /// An empty batch with the given id.
+    pub fn new(id: impl AsRef<[u8]>) -> Self {
+        Self {
+            id: bytes_of(id),
+            deliveries: Vec::new(),
+            checkpoints: Vec::new(),
+        }
+    }
+
+    /// Appends a `Put` delivery.
+    #[must_use]
+    pub fn put(
+        mut self,
+        event_id: impl AsRef<[u8]>,
+        key: impl AsRef<[u8]>,
+        seq: u64,
+        value: impl AsRef<[u8]>,
+    ) -> Self {
+        self.push(event_id, key, seq, Op::Put(bytes_of(value)));
+        self
+    }
+
+    /// Appends a `Delete` delivery.
+    #[must_use]
+    pub fn delete(mut self, event_id: impl AsRef<[u8]>, key: impl AsRef<[u8]>, seq: u64) -> Self {
+        self.push(event_id, key, seq, Op::Delete);
+        self
+    }
+
+    /// Appends an `Add` delivery.
+    #[must_use]
+    pub fn add(
+        mut self,
+        event_id: impl AsRef<[u8]>,
+        key: impl AsRef<[u8]>,
+        seq: u64,
+        delta: i64,
+    ) -> Self {
+        self.push(event_id, key, seq, Op::Add(delta));
+        self
+    }
+
+    /// Appends a delivery that is known to be malformed (see [`Op::Malformed`]).
+    #[must_use]
+    pub fn malformed(mut self, event_id: impl AsRef<[u8]>, reason: impl Into<String>) -> Self {
+        self.push(
+            event_id,
+            b"",
+            0,
+            Op::Malformed {
+                reason: reason.into(),
+            },
+        );
+        self
+    }
+
+    /// Sets the position of `source`; the last setting of a source in a batch wins.
+    #[must_use]
+    pub fn checkpoint(mut self, source: impl AsRef<[u8]>, position: impl AsRef<[u8]>) -> Self {
+        self.set_checkpoint(source, position);
+        self
+    }
+
+    /// Appends a delivery (non-builder form).
+    pub fn push(&mut self, event_id: impl AsRef<[u8]>, key: impl AsRef<[u8]>, seq: u64, op: Op) {
+        self.push_delivery(Delivery {
+            event_id: bytes_of(event_id),
+            key: bytes_of(key),
+            seq,
+            op,
+        });
+    }
+
+    /// Appends a prepared delivery.
+    pub fn push_delivery(&mut self, delivery: Delivery) {
+        self.deliveries.push(delivery);
+    }
+
+    /// Sets the position of `source` (non-builder form).
+    pub fn set_checkpoint(&mut self, source: impl AsRef<[u8]>, position: impl AsRef<[u8]>) {
+        let source = bytes_of(source);
+        let position = bytes_of(position);
+        match self.checkpoints.iter_mut().find(|(s, _)| *s == source) {
+            Some(slot) => slot.1 = position,
+            None => self.checkpoints.push((source, position)),
+        }
+    }
+
+    /// The batch id.
+    pub fn id(&self) -> &[u8] {
+        &self.id
+    }
+
+    /// The deliveries, in order.
+    pub fn deliveries(&self) -> &[Delivery] {
+        &self.deliveries
+    }
+
+    /// The checkpoint updates, in the order their sources were first set.
+    pub fn checkpoints(&self) -> &[(Bytes, Bytes)] {
+        &self.checkpoints
+    }
+
+    /// Number of deliveries.
+    pub fn len(&self) -> usize {
+        self.deliveries.len()
+    }
+
+    /// Whether the batch has no deliveries.
+    pub fn is_empty(&self) -> bool {
+        self.deliveries.is_empty()
+    }
+}
+
+/// What `apply_batch` did with each delivery of a batch.
+///
+/// For every committed batch the eight counts add up to the number of deliveries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct BatchReport {
+    pub inserted: u64,
+    pub updated: u64,
+    pub unchanged: u64,
+    pub stale: u64,
+    pub duplicates: u64,
+    pub deleted: u64,
+    pub added: u64,
+    pub rejected: u64,
+    /// The batch id had already committed with the same content; nothing changed.
+    pub replayed: bool,
+}
+
+impl BatchReport {
+    /// The sum of the eight counts: the number of deliveries the report covers.
+    pub fn deliveries(&self) -> u64 {
+        self.counts().iter().sum()
+    }
+
+    /// The eight counts in declaration order.
+    pub fn counts(&self) -> [u64; 8] {
+        [
+            self.inserted,
+            self.updated,
+            self.unchanged,
+            self.stale,
+            self.duplicates,
+            self.deleted,
+            self.added,
+            self.rejected,
+        ]
+    }
+
+    /// Builds a report from counts in declaration order.
+    pub fn from_counts(counts: [u64; 8]) -> Self {
+        let [inserted, updated, unchanged, stale, duplicates, deleted, added, rejected] = counts;
+        Self {
+            inserted,
+            updated,
+            unchanged,
+            stale,
+            duplicates,
+            deleted,
+            added,
+            rejected,
+            replayed: false,
+        }
+    }
+
+    /// Adds another report's counts to this one (for running totals).
+    pub fn accumulate(&mut self, other: &BatchReport) {
+        let mut counts = self.counts();
+        for (total, part) in counts.iter_mut().zip(other.counts()) {
+            *total += part;
+        }
+        let replayed = self.replayed;
+        *self = Self::from_counts(counts);
+        self.replayed = replayed;
+    }
+}
+
+/// A delivery that was quarantined instead of applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuarantineEntry {
+    /// The batch it arrived in.
+    pub batch_id: Bytes,
+    /// Its index within that batch.
+    pub index: u64,
+    /// Its event id (for a malformed delivery: whatever label the caller gave).
+    pub event_id: Bytes,
+    /// Why it was refused, for example `conflicting_event` or `invalid: empty key`.
+    pub reason: String,
+}

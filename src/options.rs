@@ -1,0 +1,106 @@
+//! How a store is opened: durability, conflict policy, limits, clock and storage.
+
+use std::sync::Arc;
+
+use crate::clock::{Clock, SystemClock};
+use crate::storage::{OsStorage, Storage};
+
+/// When `apply_batch` may return.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// Data is synced to stable storage before `apply_batch` returns: a
+    /// committed batch survives power loss. Concurrent callers share syncs.
+    #[default]
+    Sync,
+    /// Data is handed to the OS before `apply_batch` returns: a committed
+    /// batch survives a crash of the process, not a power loss.
+    Buffered,
+}
+
+/// What to do with a delivery that cannot be applied: a conflicting event id
+/// (same id, other payload) or an invalid event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnConflict {
+    /// Fail the whole batch; nothing of it is applied.
+    #[default]
+    Fail,
+    /// Store the delivery in the quarantine, count it `rejected`, commit the rest.
+    Quarantine,
+}
+
+/// Options for [`Store::open`](crate::Store::open).
+///
+/// Fields are public so that `Options { durability, ..Options::default() }`
+/// works; each also has a builder method of the same name.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// When `apply_batch` returns (default: `Sync`).
+    pub durability: Durability,
+    /// Policy for conflicting and invalid deliveries (default: `Fail`).
+    pub on_conflict: OnConflict,
+    /// A segment is sealed and a new one started once it reaches this size.
+    pub segment_bytes_max: u64,
+    /// Largest value a `Put` may carry.
+    pub value_bytes_max: usize,
+    /// Time source, recorded in each batch record.
+    pub clock: Arc<dyn Clock>,
+    /// All file-system access goes through this.
+    pub storage: Arc<dyn Storage>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            durability: Durability::Sync,
+            on_conflict: OnConflict::Fail,
+            segment_bytes_max: 64 << 20,
+            value_bytes_max: 1 << 20,
+            clock: Arc::new(SystemClock),
+            storage: Arc::new(OsStorage),
+        }
+    }
+}
+
+impl Options {
+    /// Sets [`Options::durability`].
+    #[must_use]
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// Sets [`Options::on_conflict`].
+    #[must_use]
+    pub fn on_conflict(mut self, on_conflict: OnConflict) -> Self {
+        self.on_conflict = on_conflict;
+        self
+    }
+
+    /// Sets [`Options::segment_bytes_max`].
+    #[must_use]
+    pub fn segment_bytes_max(mut self, bytes: u64) -> Self {
+        self.segment_bytes_max = bytes;
+        self
+    }
+
+    /// Sets [`Options::value_bytes_max`].
+    #[must_use]
+    pub fn value_bytes_max(mut self, bytes: usize) -> Self {
+        self.value_bytes_max = bytes;
+        self
+    }
+
+    /// Sets [`Options::clock`].
+    #[must_use]
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Sets [`Options::storage`].
+    #[must_use]
+    pub fn storage(mut self, storage: Arc<dyn Storage>) -> Self {
+        self.storage = storage;
+        self
+    }
+}

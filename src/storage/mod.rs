@@ -1,0 +1,66 @@
+//! The only code that calls the operating system for files.
+//!
+//! Everything the engine does to disk (create, append, sync, truncate, rename,
+//! remove, directory sync, lock, map) goes through [`Storage`] and
+//! [`StorageFile`], so that tests can substitute an implementation that injects
+//! faults or simulates power loss. This module knows nothing of formats.
+
+mod os;
+
+pub use os::OsStorage;
+
+use std::any::Any;
+use std::fmt;
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+/// How to open a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenMode {
+    /// Create a new file; fail if it exists.
+    CreateNew,
+    /// Open an existing file for reading and appending.
+    Append,
+    /// Open an existing file for reading only.
+    Read,
+}
+
+/// A file system, as far as the engine needs one.
+pub trait Storage: Send + Sync + fmt::Debug {
+    /// Creates `dir` and its parents if missing.
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
+    /// Names of the entries in `dir` (files only, no order promised).
+    fn list_dir(&self, dir: &Path) -> io::Result<Vec<String>>;
+    /// Opens or creates a file.
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn StorageFile>>;
+    /// Atomically replaces `to` with `from`.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Removes a file.
+    fn remove_file(&self, path: &Path) -> io::Result<()>;
+    /// Makes the entries of `dir` (creations, renames, removals) durable.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// Takes an exclusive lock on `path` (created if missing) that lasts until
+    /// the returned guard drops or the process dies. A lock already held, by
+    /// this process or another, is `ErrorKind::WouldBlock`.
+    fn lock(&self, path: &Path) -> io::Result<Box<dyn Any + Send + Sync>>;
+}
+
+/// An open file.
+pub trait StorageFile: Send + Sync + fmt::Debug {
+    /// Current length in bytes.
+    fn len(&self) -> io::Result<u64>;
+    /// Appends all of `buf` at the end of the file.
+    fn append(&self, buf: &[u8]) -> io::Result<()>;
+    /// Makes the file's data durable.
+    fn sync_data(&self) -> io::Result<()>;
+    /// Truncates or extends the file to `len` bytes.
+    fn set_len(&self, len: u64) -> io::Result<()>;
+    /// Maps the file for reading. Bytes `..self.len()` at the time of the call
+    /// are readable; `reserve` is a hint of how far the file may grow, and an
+    /// implementation may map that far so that later appends need no remap.
+    /// Callers never read past what they know was written.
+    fn map(&self, reserve: u64) -> io::Result<Bytes>;
+}
