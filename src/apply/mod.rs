@@ -1,1 +1,22 @@
-//! todo
+//! Dedup semantics, pure: what each delivery of a batch means (SPEC section 3)
+//! and the one record that commits it. Nothing here does I/O; the state is
+//! read through [`StateView`].
+
+pub(crate) mod classify;
+pub(crate) mod plan;
+
+use bytes::Bytes;
+
+use crate::error::Result;
+use crate::index::keys::KeyEntry;
+use crate::log::segments::ValueRef;
+
+/// The committed state a batch is planned against.
+pub(crate) trait StateView {
+    /// A key's version and value location (`None` value: tombstone).
+    fn key(&self, key: &[u8]) -> Option<KeyEntry>;
+    /// A stored value's bytes (checksum verified).
+    fn read_value(&self, value: ValueRef) -> Result<Bytes>;
+    /// The payload hash recorded for a seen event id.
+    fn seen(&self, id_hash: u128) -> Option<u64>;
+}

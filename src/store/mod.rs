@@ -1,98 +1,306 @@
-//! `Store`: the public handle. (skeleton)
-#![allow(unused)]
+//! `Store`: the public handle. It owns the directory lock, the commit order
+//! and the locking between writers and readers; every other layer is reached
+//! through it.
+//!
+//! Locks, always taken in this order: `writer` (serialises `apply_batch`),
+//! then `index` (read while planning, write only to apply a written record).
+//! Syncs run under neither (see `group_commit`), so readers never wait for
+//! the disk.
+
+mod group_commit;
+mod types;
+mod write;
+
+pub use types::{IndexBytes, LogEntry, Record, RepairReport, Stats, VerifyReport};
+
+use std::any::Any;
+use std::fmt;
+use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use bytes::Bytes;
+use parking_lot::{Mutex, RwLock};
 
-use crate::{Batch, BatchReport, Digest, Options, QuarantineEntry, Result};
+use crate::apply::StateView;
+use crate::batch::{BatchReport, QuarantineEntry};
+use crate::digest::{Digest, DigestBuilder};
+use crate::error::{Error, Result};
+use crate::format::segment::SEGMENT_HEADER_LEN;
+use crate::index::Index;
+use crate::index::keys::KeyEntry;
+use crate::log::names::{LOCK_FILE, segment_file_name};
+use crate::log::segments::{SegmentMaps, ValueRef};
+use crate::log::writer::{LogWriter, create_segment};
+use crate::options::Options;
+use crate::recovery;
+use crate::storage::Storage;
+use group_commit::GroupCommit;
 
-/// A key's current live state.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Record {
-    /// The key's version.
-    pub seq: u64,
-    /// The value bytes (for a counter: canonical decimal text of an i64).
-    pub value: Bytes,
+/// An open store. `Send + Sync`: share it between threads by reference or in an `Arc`.
+pub struct Store {
+    dir: PathBuf,
+    options: Options,
+    index: RwLock<Index>,
+    maps: SegmentMaps,
+    writer: Mutex<LogWriter>,
+    commit: GroupCommit,
+    torn_bytes_discarded: u64,
+    /// Held for the store's lifetime; dropping it releases the directory.
+    _lock: Box<dyn Any + Send + Sync>,
 }
 
-/// An open store. `Send + Sync`: share it across threads by reference or `Arc`.
-#[derive(Debug)]
-pub struct Store {}
-
-/// Iterator over live rows in key order, from [`Store::scan_prefix`].
-#[derive(Debug)]
-pub struct Scan {}
-
-impl Iterator for Scan {
-    type Item = Result<(Bytes, Record)>;
-    fn next(&mut self) -> Option<Self::Item> {
-        todo!()
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store").field("dir", &self.dir).finish_non_exhaustive()
     }
 }
 
-/// One committed batch, as listed by [`Store::log`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LogEntry {
-    pub batch_id: Bytes,
-    pub report: BatchReport,
-    /// The clock reading the batch committed under (ms since the Unix epoch).
-    pub committed_ms: u64,
+fn lock_dir(storage: &dyn Storage, dir: &Path) -> Result<Box<dyn Any + Send + Sync>> {
+    storage.create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
+    let path = dir.join(LOCK_FILE);
+    storage.lock(&path).map_err(|e| match e.kind() {
+        io::ErrorKind::WouldBlock => Error::Locked { dir: dir.to_owned() },
+        _ => Error::io("lock", &path, e),
+    })
 }
 
-/// Bytes of index memory per entry kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct IndexBytes {
-    pub keys: u64,
-    pub seen: u64,
-    pub batches: u64,
-}
-
-/// Counts and sizes, from [`Store::stats`].
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Stats {
-    pub live_keys: u64,
-    pub tombstones: u64,
-    pub seen_ids: u64,
-    pub batches: u64,
-    pub checkpoints: u64,
-    pub quarantined: u64,
-    pub segments: u64,
-    pub disk_bytes: u64,
-    pub index_bytes: IndexBytes,
-}
-
-/// What [`Store::verify`] read.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct VerifyReport {
-    pub segments: u64,
-    pub records: u64,
-    pub bytes: u64,
-}
-
-/// What [`Store::repair`] kept and dropped.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct RepairReport {
-    pub records_kept: u64,
-    /// Segment id and offset of the first bad record, if any.
-    pub first_bad: Option<(u64, u64)>,
-    pub bytes_dropped: u64,
-    pub segments_dropped: u64,
-    /// Where dropped bytes were moved instead of deleted.
-    pub lost_found: Option<PathBuf>,
-}
+/// Margin mapped past a segment's size limit, so that a record that starts
+/// near the limit is usually readable without a remap.
+const MAP_SLACK_BYTES: u64 = 16 << 20;
 
 impl Store {
-    pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Store> { todo!() }
-    pub fn apply_batch(&self, batch: &Batch) -> Result<BatchReport> { todo!() }
-    pub fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<Record>> { todo!() }
-    pub fn scan_prefix(&self, prefix: impl AsRef<[u8]>) -> Scan { todo!() }
-    pub fn checkpoint(&self, source: impl AsRef<[u8]>) -> Result<Option<Bytes>> { todo!() }
-    pub fn batch(&self, batch_id: impl AsRef<[u8]>) -> Result<Option<BatchReport>> { todo!() }
-    pub fn log(&self) -> Vec<LogEntry> { todo!() }
-    pub fn digest(&self) -> Result<Digest> { todo!() }
-    pub fn quarantine(&self) -> Vec<QuarantineEntry> { todo!() }
-    pub fn stats(&self) -> Stats { todo!() }
-    pub fn verify(&self) -> Result<VerifyReport> { todo!() }
-    pub fn repair(dir: impl AsRef<Path>, options: Options) -> Result<RepairReport> { todo!() }
-    pub fn dir(&self) -> &Path { todo!() }
+    /// Opens (or creates) the store in `dir`, replaying its log.
+    ///
+    /// A torn final record is discarded; anything else that fails its
+    /// checksum is `Error::Corruption`, and nothing is opened.
+    ///
+    /// # Errors
+    /// `Locked` if another `Store` (in any process) has `dir` open,
+    /// `Corruption` for damaged committed data, `Io` for the OS's errors.
+    pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Store> {
+        let dir = dir.as_ref().to_owned();
+        let storage = Arc::clone(&options.storage);
+        let lock = lock_dir(storage.as_ref(), &dir)?;
+        let mut index = Index::default();
+        let (mut walk, torn_bytes_discarded) = recovery::recover(storage.as_ref(), &dir, &mut index)?;
+        let reserve = options.segment_bytes_max.saturating_add(MAP_SLACK_BYTES);
+        let maps = SegmentMaps::new(reserve);
+
+        if walk.segments.is_empty() {
+            let file = create_segment(storage.as_ref(), &dir, 1)?;
+            walk.segments.push(recovery::WalkedSegment { id: 1, file, valid_len: SEGMENT_HEADER_LEN as u64 });
+        }
+        let last = walk.segments.len() - 1;
+        for (i, s) in walk.segments.iter().enumerate() {
+            let map_reserve = if i == last { reserve } else { 0 };
+            let map = s.file.map(map_reserve).map_err(|e| Error::io("map", dir.join(segment_file_name(s.id)), e))?;
+            maps.insert(s.id, Arc::clone(&s.file), map);
+        }
+        let active = walk.segments.pop().expect("at least one segment");
+        let writer = LogWriter::new(
+            dir.clone(),
+            Arc::clone(&storage),
+            options.segment_bytes_max,
+            active.file,
+            active.id,
+            active.valid_len,
+        );
+        Ok(Store {
+            dir,
+            options,
+            index: RwLock::new(index),
+            maps,
+            writer: Mutex::new(writer),
+            commit: GroupCommit::default(),
+            torn_bytes_discarded,
+            _lock: lock,
+        })
+    }
+
+    /// The store's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// A key's live row, or `None` if it is absent or deleted.
+    ///
+    /// # Errors
+    /// `Corruption` if the value's bytes fail their checksum.
+    pub fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<Record>> {
+        let entry = self.index.read().keys.get(key.as_ref());
+        match entry {
+            Some(KeyEntry { seq, value: Some(value) }) => Ok(Some(Record { seq, value: self.maps.read(value)? })),
+            _ => Ok(None),
+        }
+    }
+
+    /// Live rows whose key starts with `prefix`, in key order, as of the call.
+    pub fn scan_prefix(&self, prefix: impl AsRef<[u8]>) -> Scan<'_> {
+        let index = self.index.read();
+        let rows: Vec<(Bytes, u64, ValueRef)> = index
+            .keys
+            .range_prefix(prefix.as_ref())
+            .filter_map(|(k, e)| e.value.map(|v| (Bytes::copy_from_slice(k), e.seq, v)))
+            .collect();
+        Scan { maps: &self.maps, rows: rows.into_iter() }
+    }
+
+    /// The position last committed for `source`.
+    ///
+    /// # Errors
+    /// Infallible today; reserved for reads that touch the disk.
+    pub fn checkpoint(&self, source: impl AsRef<[u8]>) -> Result<Option<Bytes>> {
+        Ok(self.index.read().checkpoints.get(source.as_ref()).cloned())
+    }
+
+    /// All checkpoints, by source.
+    pub fn checkpoints(&self) -> Vec<(Bytes, Bytes)> {
+        self.index.read().checkpoints.iter().map(|(s, p)| (s.clone(), p.clone())).collect()
+    }
+
+    /// The report a committed batch returned when it committed (`replayed` false).
+    ///
+    /// # Errors
+    /// Infallible today; reserved for reads that touch the disk.
+    pub fn batch(&self, batch_id: impl AsRef<[u8]>) -> Result<Option<BatchReport>> {
+        Ok(self.index.read().batches.get(batch_id.as_ref()).map(|e| e.report))
+    }
+
+    /// Every committed batch in commit order, with its report.
+    pub fn log(&self) -> Vec<LogEntry> {
+        self.index
+            .read()
+            .batches
+            .in_order()
+            .iter()
+            .map(|e| LogEntry { batch_id: e.batch_id.clone(), report: e.report, committed_ms: e.committed_ms })
+            .collect()
+    }
+
+    /// The digest of the logical state: live rows (key, seq, value) in key
+    /// order, then checkpoints. Equal states have equal digests.
+    ///
+    /// # Errors
+    /// `Corruption` if a value fails its checksum.
+    pub fn digest(&self) -> Result<Digest> {
+        let index = self.index.read();
+        let mut builder = DigestBuilder::new();
+        for (key, entry) in index.keys.range_prefix(b"") {
+            if let Some(v) = entry.value {
+                builder.row(key, entry.seq, &self.maps.read(v)?);
+            }
+        }
+        for (source, position) in &index.checkpoints {
+            builder.checkpoint(source, position);
+        }
+        Ok(builder.finish())
+    }
+
+    /// Deliveries that were quarantined instead of applied, in commit order.
+    pub fn quarantine(&self) -> Vec<QuarantineEntry> {
+        self.index.read().quarantine.clone()
+    }
+
+    /// Counts, sizes on disk and index memory.
+    pub fn stats(&self) -> Stats {
+        let (disk_bytes, segments) = self.maps.disk_bytes();
+        let index = self.index.read();
+        Stats {
+            live_keys: index.keys.live_count(),
+            tombstones: index.keys.tombstone_count(),
+            seen_ids: index.seen.len(),
+            batches: index.batches.len(),
+            checkpoints: index.checkpoints.len() as u64,
+            quarantined: index.quarantine.len() as u64,
+            segments,
+            disk_bytes,
+            index_bytes: IndexBytes {
+                keys: index.keys.memory_bytes(),
+                seen: index.seen.memory_bytes(),
+                batches: index.batches.memory_bytes(),
+            },
+            torn_bytes_discarded: self.torn_bytes_discarded,
+        }
+    }
+
+    /// Reads and checks every record of the open store. Writers wait meanwhile.
+    ///
+    /// # Errors
+    /// `Corruption` naming segment and offset at the first bad byte.
+    pub fn verify(&self) -> Result<VerifyReport> {
+        let _writer = self.writer.lock();
+        verify_report(recovery::verify(self.options.storage.as_ref(), &self.dir)?)
+    }
+
+    /// Reads and checks every record of the store in `dir` without opening
+    /// it (and without discarding a torn tail, which is reported).
+    ///
+    /// # Errors
+    /// `Locked` if the store is open; `Corruption` at the first bad byte.
+    pub fn verify_dir(dir: impl AsRef<Path>, options: &Options) -> Result<VerifyReport> {
+        let dir = dir.as_ref();
+        let _lock = lock_dir(options.storage.as_ref(), dir)?;
+        verify_report(recovery::verify(options.storage.as_ref(), dir)?)
+    }
+
+    /// Salvages the longest valid prefix of the log in `dir`: cuts it at the
+    /// first bad record and moves everything after into `lost+found/`.
+    ///
+    /// # Errors
+    /// `Locked` if the store is open; `Io` if the cut cannot be made.
+    pub fn repair(dir: impl AsRef<Path>, options: Options) -> Result<RepairReport> {
+        let dir = dir.as_ref();
+        let _lock = lock_dir(options.storage.as_ref(), dir)?;
+        recovery::repair(options.storage.as_ref(), dir)
+    }
+}
+
+fn verify_report(walk: recovery::Walk) -> Result<VerifyReport> {
+    let mut bytes = 0;
+    for s in &walk.segments {
+        bytes += s.valid_len;
+    }
+    Ok(VerifyReport { segments: walk.segments.len() as u64, records: walk.records, bytes })
+}
+
+/// Iterator over live rows in key order, from [`Store::scan_prefix`]. The
+/// rows are fixed when the scan starts; values are read as it goes.
+#[derive(Debug)]
+pub struct Scan<'a> {
+    maps: &'a SegmentMaps,
+    rows: std::vec::IntoIter<(Bytes, u64, ValueRef)>,
+}
+
+impl Iterator for Scan<'_> {
+    type Item = Result<(Bytes, Record)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let (key, seq, value) = self.rows.next()?;
+        Some(self.maps.read(value).map(|value| (key, Record { seq, value })))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.rows.size_hint()
+    }
+}
+
+/// The committed state, as the planner reads it. Caller holds the index lock.
+struct PlanView<'a> {
+    index: &'a Index,
+    maps: &'a SegmentMaps,
+}
+
+impl StateView for PlanView<'_> {
+    fn key(&self, key: &[u8]) -> Option<KeyEntry> {
+        self.index.keys.get(key)
+    }
+
+    fn read_value(&self, value: ValueRef) -> Result<Bytes> {
+        self.maps.read(value)
+    }
+
+    fn seen(&self, id_hash: u128) -> Option<u64> {
+        self.index.seen.get(id_hash)
+    }
 }

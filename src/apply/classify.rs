@@ -1,0 +1,121 @@
+//! Per-delivery facts that do not depend on state: hashes and static validity.
+
+use std::borrow::Cow;
+
+use xxhash_rust::xxh3::{Xxh3, xxh3_64_with_seed, xxh3_128};
+
+use crate::batch::{Batch, Delivery, Op};
+use crate::format::ID_BYTES_MAX;
+
+/// The two hashes of a delivery: its event id and its payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DeliveryHash {
+    /// xxh3-128 of the event id: the seen index's key.
+    pub id: u128,
+    /// 64-bit hash of key, seq and op (with value or delta): tells a
+    /// redelivery from a conflicting reuse of the id.
+    pub payload: u64,
+}
+
+fn op_tag(op: &Op) -> u64 {
+    match op {
+        Op::Put(_) => 1,
+        Op::Delete => 2,
+        Op::Add(_) => 3,
+        Op::Malformed { .. } => 4,
+    }
+}
+
+/// Hashes one delivery.
+pub(crate) fn hash_delivery(d: &Delivery) -> DeliveryHash {
+    let seed = d.seq ^ op_tag(&d.op).rotate_right(8);
+    let head = xxh3_64_with_seed(&d.key, seed);
+    let payload = match &d.op {
+        Op::Put(value) => xxh3_64_with_seed(value, head),
+        Op::Delete => head,
+        Op::Add(delta) => xxh3_64_with_seed(&delta.to_le_bytes(), head),
+        Op::Malformed { reason } => xxh3_64_with_seed(reason.as_bytes(), head),
+    };
+    DeliveryHash { id: xxh3_128(&d.event_id), payload }
+}
+
+/// Hashes every delivery, and the batch's content (deliveries in order, then
+/// checkpoints) from those hashes.
+pub(crate) fn hash_batch(batch: &Batch) -> (u128, Vec<DeliveryHash>) {
+    let hashes: Vec<DeliveryHash> = batch.deliveries().iter().map(hash_delivery).collect();
+    let mut content = Xxh3::new();
+    content.update(&(hashes.len() as u64).to_le_bytes());
+    for h in &hashes {
+        content.update(&h.id.to_le_bytes());
+        content.update(&h.payload.to_le_bytes());
+    }
+    for (source, position) in batch.checkpoints() {
+        content.update(&(source.len() as u64).to_le_bytes());
+        content.update(source);
+        content.update(&(position.len() as u64).to_le_bytes());
+        content.update(position);
+    }
+    (content.digest128(), hashes)
+}
+
+/// Why a delivery can never be applied, whatever the state; `None` if it may be.
+pub(crate) fn static_problem(d: &Delivery, value_bytes_max: usize) -> Option<Cow<'static, str>> {
+    let problem: Cow<'static, str> = if let Op::Malformed { reason } = &d.op {
+        Cow::Owned(reason.clone())
+    } else if d.event_id.is_empty() {
+        "empty event id".into()
+    } else if d.event_id.len() > ID_BYTES_MAX {
+        format!("event id of {} bytes exceeds {ID_BYTES_MAX}", d.event_id.len()).into()
+    } else if d.key.is_empty() {
+        "empty key".into()
+    } else if d.key.len() > ID_BYTES_MAX {
+        format!("key of {} bytes exceeds {ID_BYTES_MAX}", d.key.len()).into()
+    } else if let Op::Put(value) = &d.op
+        && value.len() > value_bytes_max
+    {
+        format!("value of {} bytes exceeds the limit of {value_bytes_max}", value.len()).into()
+    } else {
+        return None;
+    };
+    Some(problem)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delivery(id: &str, key: &str, seq: u64, op: Op) -> Delivery {
+        Delivery { event_id: id.as_bytes().to_vec().into(), key: key.as_bytes().to_vec().into(), seq, op }
+    }
+
+    #[test]
+    fn payload_hash_covers_key_seq_op_and_value() {
+        let base = delivery("e", "k", 1, Op::Put("v".into()));
+        let h = hash_delivery(&base).payload;
+        for other in [
+            delivery("e", "k2", 1, Op::Put("v".into())),
+            delivery("e", "k", 2, Op::Put("v".into())),
+            delivery("e", "k", 1, Op::Put("w".into())),
+            delivery("e", "k", 1, Op::Delete),
+            delivery("e", "k", 1, Op::Add(1)),
+        ] {
+            assert_ne!(hash_delivery(&other).payload, h, "{other:?}");
+        }
+        assert_eq!(hash_delivery(&delivery("other id", "k", 1, Op::Put("v".into()))).payload, h);
+    }
+
+    #[test]
+    fn static_problems_are_named() {
+        let cases = [
+            (delivery("", "k", 1, Op::Delete), "empty event id"),
+            (delivery("e", "", 1, Op::Delete), "empty key"),
+            (delivery("e", &"k".repeat(4097), 1, Op::Delete), "key of 4097 bytes"),
+            (delivery("e", "k", 1, Op::Put(vec![0; 11].into())), "value of 11 bytes"),
+        ];
+        for (d, want) in cases {
+            let got = static_problem(&d, 10).expect("invalid");
+            assert!(got.contains(want), "{got} should name {want}");
+        }
+        assert!(static_problem(&delivery("e", "k", 1, Op::Put(vec![0; 10].into())), 10).is_none());
+    }
+}

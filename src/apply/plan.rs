@@ -1,0 +1,271 @@
+//! Plans a batch: classifies each delivery in order against the committed
+//! state plus the batch's own earlier deliveries, and collects the one
+//! record's worth of changes (SPEC section 3).
+//!
+//! Order of decisions for one delivery:
+//!
+//! | step | check                                            | outcome               |
+//! |------|--------------------------------------------------|-----------------------|
+//! | 1    | static problem (empty/oversized id, key, value)  | invalid               |
+//! | 2    | event id seen, same payload                      | duplicate             |
+//! | 3    | event id seen, other payload                     | conflict              |
+//! | 4    | `Add` on a live non-counter value, or overflow   | invalid               |
+//! | 5    | `Add`                                            | added                 |
+//! | 6    | `Put`/`Delete` with seq <= key's version         | stale                 |
+//! | 7    | `Delete`                                         | deleted               |
+//! | 8    | `Put`: no live row / same bytes / other bytes    | inserted / unchanged / updated |
+//!
+//! Invalid and conflicting deliveries fail the batch under `OnConflict::Fail`
+//! and are quarantined (`rejected`) under `OnConflict::Quarantine`.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use bytes::Bytes;
+
+use super::StateView;
+use super::classify::{DeliveryHash, static_problem};
+use crate::batch::{Batch, BatchReport, Op};
+use crate::error::{Error, Result, display_id};
+use crate::format::record::{CounterText, ValueSource, WriteSource, parse_counter};
+use crate::log::segments::ValueRef;
+use crate::options::OnConflict;
+
+/// One key's new state after the batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PlannedWrite<'b> {
+    pub key: &'b [u8],
+    pub seq: u64,
+    pub op: WriteSource<'b>,
+}
+
+/// One quarantined delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PlannedReject<'b> {
+    pub index: u64,
+    pub event_id: &'b [u8],
+    pub reason: String,
+}
+
+/// Everything one batch commits.
+#[derive(Debug, Default)]
+pub(crate) struct Plan<'b> {
+    pub report: BatchReport,
+    /// Event ids first seen in this batch, with their payload hashes.
+    pub seen: Vec<(u128, u64)>,
+    /// One entry per changed key, in the order keys were first changed.
+    pub writes: Vec<PlannedWrite<'b>>,
+    pub rejects: Vec<PlannedReject<'b>>,
+}
+
+/// Limits and policy the planner needs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PlanOptions {
+    pub on_conflict: OnConflict,
+    pub value_bytes_max: usize,
+}
+
+/// A key's value as the planner sees it: committed, or written earlier in this batch.
+#[derive(Debug, Clone, Copy)]
+enum Value<'b> {
+    Stored(ValueRef),
+    Planned(ValueSource<'b>),
+}
+
+/// A key's state as the planner sees it.
+#[derive(Debug, Clone, Copy)]
+struct Current<'b> {
+    /// The key's version: its live row's or tombstone's seq; `None` if the key is unknown.
+    version: Option<u64>,
+    live: Option<Value<'b>>,
+}
+
+enum Refusal {
+    Invalid(Cow<'static, str>),
+    Conflict,
+}
+
+struct Planner<'b, 'v, V: StateView> {
+    view: &'v V,
+    plan: Plan<'b>,
+    /// Key -> index in `plan.writes`.
+    touched: HashMap<&'b [u8], usize>,
+    /// Event ids first seen in this batch -> payload hash.
+    seen_here: HashMap<u128, u64>,
+}
+
+impl<'b, V: StateView> Planner<'b, '_, V> {
+    fn current(&self, key: &[u8]) -> Current<'b> {
+        if let Some(w) = self.touched.get(key).and_then(|&i| self.plan.writes.get(i)) {
+            let live = match w.op {
+                WriteSource::Put(v) => Some(Value::Planned(v)),
+                WriteSource::Delete => None,
+                // A bump is only planned for a key whose committed row is live.
+                WriteSource::Bump => self.view.key(key).and_then(|e| e.value).map(Value::Stored),
+            };
+            return Current { version: Some(w.seq), live };
+        }
+        match self.view.key(key) {
+            Some(e) => Current { version: Some(e.seq), live: e.value.map(Value::Stored) },
+            None => Current { version: None, live: None },
+        }
+    }
+
+    fn value_bytes(&self, value: Value<'b>) -> Result<ValueBytes<'b>> {
+        Ok(match value {
+            Value::Stored(r) => ValueBytes::Owned(self.view.read_value(r)?),
+            Value::Planned(ValueSource::Bytes(b)) => ValueBytes::Borrowed(b),
+            Value::Planned(ValueSource::Counter(n)) => ValueBytes::Counter(CounterText::new(n)),
+        })
+    }
+
+    fn write(&mut self, key: &'b [u8], seq: u64, op: WriteSource<'b>) {
+        match self.touched.get(key) {
+            Some(&i) => {
+                let w = self.plan.writes.get_mut(i).expect("touched indexes point into writes");
+                *w = PlannedWrite { key, seq, op };
+            }
+            None => {
+                self.touched.insert(key, self.plan.writes.len());
+                self.plan.writes.push(PlannedWrite { key, seq, op });
+            }
+        }
+    }
+
+    /// Keeps a key's planned op but advances its seq (an unchanged put).
+    fn bump(&mut self, key: &'b [u8], seq: u64) {
+        match self.touched.get(key).and_then(|&i| self.plan.writes.get_mut(i)) {
+            Some(w) => w.seq = seq,
+            None => self.write(key, seq, WriteSource::Bump),
+        }
+    }
+
+    /// Classifies one delivery that passed the static checks and is not a
+    /// repeat of a seen id; records its effect.
+    fn apply(&mut self, key: &'b [u8], seq: u64, op: &'b Op) -> Result<Result<(), Refusal>> {
+        let current = self.current(key);
+        let report = &mut self.plan.report;
+        let is_stale = current.version.is_some_and(|v| seq <= v);
+        match op {
+            Op::Add(delta) => {
+                let base = match current.live {
+                    None => 0,
+                    Some(v) => match parse_counter(self.value_bytes(v)?.as_bytes()) {
+                        Some(n) => n,
+                        None => return Ok(Err(Refusal::Invalid("delta on a non-counter value".into()))),
+                    },
+                };
+                let Some(sum) = base.checked_add(*delta) else {
+                    return Ok(Err(Refusal::Invalid("counter overflow".into())));
+                };
+                self.plan.report.added += 1;
+                let version = current.version.map_or(seq, |v| v.max(seq));
+                self.write(key, version, WriteSource::Put(ValueSource::Counter(sum)));
+            }
+            _ if is_stale => report.stale += 1,
+            Op::Delete => {
+                report.deleted += 1;
+                self.write(key, seq, WriteSource::Delete);
+            }
+            Op::Put(value) => match current.live {
+                None => {
+                    report.inserted += 1;
+                    self.write(key, seq, WriteSource::Put(ValueSource::Bytes(value)));
+                }
+                Some(v) => {
+                    if self.value_bytes(v)?.as_bytes() == &value[..] {
+                        self.plan.report.unchanged += 1;
+                        self.bump(key, seq);
+                    } else {
+                        self.plan.report.updated += 1;
+                        self.write(key, seq, WriteSource::Put(ValueSource::Bytes(value)));
+                    }
+                }
+            },
+            Op::Malformed { .. } => unreachable!("malformed deliveries fail the static checks"),
+        }
+        Ok(Ok(()))
+    }
+}
+
+/// Bytes of a current value, however it is held.
+enum ValueBytes<'b> {
+    Owned(Bytes),
+    Borrowed(&'b [u8]),
+    Counter(CounterText),
+}
+
+impl ValueBytes<'_> {
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            ValueBytes::Owned(b) => b,
+            ValueBytes::Borrowed(b) => b,
+            ValueBytes::Counter(c) => c.as_bytes(),
+        }
+    }
+}
+
+/// Plans `batch` against `view`. `hashes` are the deliveries' hashes, in order.
+///
+/// # Errors
+/// `ConflictingEvent` or `InvalidEvent` for the first refused delivery under
+/// `OnConflict::Fail`; `Corruption` or `Io` if a stored value cannot be read.
+pub(crate) fn plan<'b, V: StateView>(
+    batch: &'b Batch,
+    hashes: &[DeliveryHash],
+    view: &V,
+    options: PlanOptions,
+) -> Result<Plan<'b>> {
+    assert_eq!(hashes.len(), batch.len(), "one hash per delivery");
+    let mut p = Planner {
+        view,
+        plan: Plan::default(),
+        touched: HashMap::with_capacity(batch.len()),
+        seen_here: HashMap::with_capacity(batch.len()),
+    };
+    for (index, (d, h)) in batch.deliveries().iter().zip(hashes).enumerate() {
+        let outcome = if let Some(problem) = static_problem(d, options.value_bytes_max) {
+            Err(Refusal::Invalid(problem))
+        } else {
+            match p.seen_here.get(&h.id).copied().or_else(|| view.seen(h.id)) {
+                Some(payload) if payload == h.payload => {
+                    p.plan.report.duplicates += 1;
+                    continue;
+                }
+                Some(_) => Err(Refusal::Conflict),
+                None => p.apply(&d.key, d.seq, &d.op)?,
+            }
+        };
+        match outcome {
+            Ok(()) => {
+                p.seen_here.insert(h.id, h.payload);
+                p.plan.seen.push((h.id, h.payload));
+            }
+            Err(refusal) => {
+                let reason = match (&refusal, options.on_conflict) {
+                    (Refusal::Conflict, OnConflict::Fail) => {
+                        return Err(Error::ConflictingEvent {
+                            batch_id: display_id(batch.id()),
+                            index,
+                            event_id: display_id(&d.event_id),
+                        });
+                    }
+                    (Refusal::Invalid(reason), OnConflict::Fail) => {
+                        return Err(Error::InvalidEvent {
+                            batch_id: display_id(batch.id()),
+                            index,
+                            event_id: display_id(&d.event_id),
+                            reason: reason.to_string(),
+                        });
+                    }
+                    (Refusal::Conflict, OnConflict::Quarantine) => "conflicting_event".to_owned(),
+                    (Refusal::Invalid(reason), OnConflict::Quarantine) => format!("invalid: {reason}"),
+                };
+                p.plan.report.rejected += 1;
+                p.plan.rejects.push(PlannedReject { index: index as u64, event_id: &d.event_id, reason });
+            }
+        }
+    }
+    debug_assert_eq!(p.plan.report.deliveries(), batch.len() as u64, "every delivery counted once");
+    Ok(p.plan)
+}

@@ -1,0 +1,509 @@
+//! `idemkv ingest`: NDJSON from a file or stdin, applied in batches whose ids
+//! and checkpoints derive from the source name and the batch's byte range.
+//!
+//! | input                  | starts at                 | batch id                            |
+//! |------------------------|---------------------------|-------------------------------------|
+//! | regular file           | the source's checkpoint   | `<source>:<start>-<end>`            |
+//! | stdin, pipe, FIFO      | byte 0 of the stream      | `<source>:<start>-<end>:<xxh3-64>`  |
+//!
+//! Invariants:
+//! - a batch covers complete lines `[start, end)` and sets the source's
+//!   checkpoint to `end` (decimal ASCII) in the same commit, so the checkpoint
+//!   is always 0 or the offset just after a `\n`;
+//! - from a regular file, without `--follow`, batch boundaries depend only on
+//!   the file's bytes, the starting checkpoint and the batch limits, so a
+//!   resume after a crash cuts the same batches an uninterrupted run cuts and
+//!   a rerun from the start replays committed batches by id;
+//! - a final line without its `\n` is never consumed;
+//! - a non-seekable stream cannot be resumed from an offset: its batch ids
+//!   carry a hash of their bytes, so the same stream again is a replay and
+//!   another stream never collides with it; redeliveries dedup by event id.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow, bail};
+use indicatif::ProgressBar;
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::cli::canonical::string_literal;
+use crate::cli::ndjson::{FieldMapping, is_blank, parse_line};
+use crate::{Batch, BatchReport, Delivery, Error, Op, Store};
+
+/// A batch is cut once its lines reach this many bytes, whatever `--batch-size` says,
+/// so that one commit record stays a few MiB at most.
+pub const BATCH_BYTES_MAX: usize = 4 << 20;
+
+/// Where the lines come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input {
+    /// A file path (a regular file is resumable; a FIFO is read like stdin).
+    File(PathBuf),
+    /// Standard input.
+    Stdin,
+}
+
+impl Input {
+    /// The source name used when `--source` is not given: the file's
+    /// canonical absolute path, or `stdin`.
+    ///
+    /// # Errors
+    /// When the file's path cannot be resolved (for example it does not exist).
+    pub fn default_source(&self) -> anyhow::Result<String> {
+        match self {
+            Input::Stdin => Ok("stdin".to_owned()),
+            Input::File(path) => {
+                let full = std::fs::canonicalize(path)
+                    .with_context(|| format!("cannot open {}", path.display()))?;
+                Ok(full.to_string_lossy().into_owned())
+            }
+        }
+    }
+}
+
+/// Keep reading a growing file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Follow {
+    /// How long to sleep at the end of the file before looking again.
+    pub poll: Duration,
+    /// Stop after this long without new bytes (`None`: run until killed).
+    pub idle_exit: Option<Duration>,
+}
+
+/// How to ingest.
+#[derive(Debug, Clone)]
+pub struct IngestOptions {
+    /// Source name: prefix of batch ids and name of the checkpoint.
+    pub source: String,
+    /// Deliveries (non-blank lines) per batch, at least 1.
+    pub batch_size: usize,
+    /// Bytes of lines per batch before it is cut regardless of `batch_size`.
+    pub batch_bytes_max: usize,
+    /// How fields map onto deliveries.
+    pub mapping: FieldMapping,
+    /// Read a file from byte 0, ignoring its checkpoint.
+    pub from_start: bool,
+    /// Keep reading a growing file.
+    pub follow: Option<Follow>,
+    /// Stop after committing this many batches.
+    pub max_batches: Option<u64>,
+}
+
+/// What one ingest run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IngestSummary {
+    /// The source name.
+    pub source: String,
+    /// Counts of the batches this run committed (replayed batches excluded:
+    /// they changed nothing).
+    pub totals: BatchReport,
+    /// Batches committed or replayed by this run.
+    pub batches: u64,
+    /// How many of those were replays of already committed batches.
+    pub replayed: u64,
+    /// Complete lines read (blank lines included).
+    pub lines: u64,
+    /// Byte offset the run started at.
+    pub start: u64,
+    /// Byte offset after the last complete line committed.
+    pub checkpoint: u64,
+    /// Bytes after the last complete line, waiting for their newline.
+    pub pending_bytes: u64,
+    /// Whether the input can be resumed from its checkpoint (a regular file).
+    pub is_resumable: bool,
+}
+
+/// Decodes a checkpoint written by `ingest`: the byte offset as decimal ASCII.
+pub fn decode_position(bytes: &[u8]) -> Option<u64> {
+    if bytes.is_empty() || !bytes.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(bytes).ok()?.parse().ok()
+}
+
+/// Encodes a checkpoint position as decimal ASCII.
+pub fn encode_position(offset: u64) -> String {
+    offset.to_string()
+}
+
+/// The committed byte offset of `source`, 0 if it has none.
+///
+/// # Errors
+/// A store error, or a checkpoint that is not a decimal byte offset.
+pub fn committed_offset(store: &Store, source: &str) -> anyhow::Result<u64> {
+    match store.checkpoint(source)? {
+        None => Ok(0),
+        Some(bytes) => decode_position(&bytes).ok_or_else(|| {
+            anyhow!(
+                "checkpoint of source {} is {:?}, not a byte offset written by ingest",
+                string_literal(source),
+                bytes.escape_ascii().to_string()
+            )
+        }),
+    }
+}
+
+/// Reads `input` into `store` as `options` says, updating `progress`.
+///
+/// # Errors
+/// I/O errors, a file that no longer matches its checkpoint, and any batch
+/// the store refuses (a conflicting or invalid line under `OnConflict::Fail`):
+/// the message names the line number and event id, and says that nothing of
+/// that batch was committed.
+pub fn ingest(
+    store: &Store,
+    input: &Input,
+    options: &IngestOptions,
+    progress: &ProgressBar,
+) -> anyhow::Result<IngestSummary> {
+    assert!(options.batch_size >= 1, "batch size must be at least 1");
+    let opened = open_input(store, input, options)?;
+    progress.set_position(opened.start);
+    let mut run = Run {
+        store,
+        options,
+        is_seekable: opened.is_seekable,
+        summary: IngestSummary {
+            source: options.source.clone(),
+            start: opened.start,
+            checkpoint: opened.start,
+            is_resumable: opened.is_seekable,
+            ..IngestSummary::default()
+        },
+        deliveries: Vec::new(),
+        lines: Vec::new(),
+        batch_start: opened.start,
+        batch_bytes: 0,
+        batch_hasher: Xxh3::new(),
+    };
+    let mut reader = opened.reader;
+    let mut line = Vec::new();
+    let mut position = opened.start;
+    let mut line_no = opened.lines_before;
+    let mut last_data = Instant::now();
+    loop {
+        if options
+            .max_batches
+            .is_some_and(|max| run.summary.batches >= max)
+        {
+            break;
+        }
+        let read = reader
+            .read_until(b'\n', &mut line)
+            .with_context(|| format!("cannot read {}", input_name(input)))?;
+        if line.last() == Some(&b'\n') {
+            line_no += 1;
+            position += line.len() as u64;
+            run.add_line(&line, line_no);
+            line.clear();
+            last_data = Instant::now();
+            if run.is_full() {
+                run.commit(position)?;
+                progress.set_position(position);
+                progress.set_message(format!("{} lines", run.summary.lines));
+            }
+            continue;
+        }
+        // End of the input for now; `line` holds an unfinished final line, if any.
+        if read > 0 {
+            last_data = Instant::now();
+        }
+        if position > run.batch_start {
+            run.commit(position)?;
+            progress.set_position(position);
+            progress.set_message(format!("{} lines", run.summary.lines));
+        }
+        let Some(follow) = options.follow else { break };
+        if follow.idle_exit.is_some_and(|idle| last_data.elapsed() >= idle) {
+            break;
+        }
+        if let Some(file) = &opened.probe {
+            let len = file
+                .metadata()
+                .with_context(|| format!("cannot stat {}", input_name(input)))?
+                .len();
+            let read_to = position + line.len() as u64;
+            if len < read_to {
+                bail!(
+                    "{} shrank to {len} bytes while being followed (read up to byte {read_to}); it was truncated or replaced",
+                    input_name(input)
+                );
+            }
+        }
+        thread::sleep(follow.poll);
+    }
+    run.summary.pending_bytes = line.len() as u64;
+    Ok(run.summary)
+}
+
+struct Opened {
+    reader: Box<dyn BufRead>,
+    /// The file again, to watch its length while following.
+    probe: Option<File>,
+    start: u64,
+    lines_before: u64,
+    is_seekable: bool,
+}
+
+fn open_input(store: &Store, input: &Input, options: &IngestOptions) -> anyhow::Result<Opened> {
+    let path = match input {
+        Input::Stdin => {
+            return Ok(Opened {
+                reader: Box::new(std::io::stdin().lock()),
+                probe: None,
+                start: 0,
+                lines_before: 0,
+                is_seekable: false,
+            });
+        }
+        Input::File(path) => path,
+    };
+    let mut file =
+        File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let metadata = file
+        .metadata()
+        .with_context(|| format!("cannot stat {}", path.display()))?;
+    if !metadata.is_file() {
+        return Ok(Opened {
+            reader: Box::new(BufReader::new(file)),
+            probe: None,
+            start: 0,
+            lines_before: 0,
+            is_seekable: false,
+        });
+    }
+    let start = if options.from_start {
+        0
+    } else {
+        committed_offset(store, &options.source)?
+    };
+    check_resume_point(&mut file, path, metadata.len(), start, &options.source)?;
+    let lines_before = count_newlines(&mut file, start)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    file.seek(SeekFrom::Start(start))
+        .with_context(|| format!("cannot seek {}", path.display()))?;
+    let probe = file
+        .try_clone()
+        .with_context(|| format!("cannot reopen {}", path.display()))?;
+    Ok(Opened {
+        reader: Box::new(BufReader::with_capacity(256 << 10, file)),
+        probe: Some(probe),
+        start,
+        lines_before,
+        is_seekable: true,
+    })
+}
+
+/// A checkpoint is 0 or just after a `\n` of the same file; anything else means
+/// the file changed under its source name.
+fn check_resume_point(
+    file: &mut File,
+    path: &Path,
+    len: u64,
+    start: u64,
+    source: &str,
+) -> anyhow::Result<()> {
+    if start == 0 {
+        return Ok(());
+    }
+    let replaced = "it was truncated or replaced since it was ingested; ingest it under another --source, or with --from-start to redeliver it all";
+    if len < start {
+        bail!(
+            "{} has {len} bytes but source {} has checkpoint {start}: {replaced}",
+            path.display(),
+            string_literal(source)
+        );
+    }
+    let mut byte = [0u8; 1];
+    file.seek(SeekFrom::Start(start - 1))
+        .and_then(|_| file.read_exact(&mut byte))
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    if byte != [b'\n'] {
+        bail!(
+            "byte {} of {} is not the end of a line, yet source {} has checkpoint {start}: {replaced}",
+            start - 1,
+            path.display(),
+            string_literal(source)
+        );
+    }
+    Ok(())
+}
+
+/// Counts the `\n` bytes in the first `len` bytes of `file` (for line numbers after a resume).
+fn count_newlines(file: &mut File, len: u64) -> std::io::Result<u64> {
+    file.seek(SeekFrom::Start(0))?;
+    let mut reader = file.take(len);
+    let mut buf = vec![0u8; 256 << 10];
+    let mut count = 0u64;
+    loop {
+        let n = reader.read(&mut buf)?;
+        if n == 0 {
+            return Ok(count);
+        }
+        count += buf
+            .get(..n)
+            .expect("read returns at most the buffer's length")
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count() as u64;
+    }
+}
+
+fn input_name(input: &Input) -> String {
+    match input {
+        Input::Stdin => "stdin".to_owned(),
+        Input::File(path) => path.display().to_string(),
+    }
+}
+
+/// One delivery's origin, to name it in errors.
+struct LineInfo {
+    line_no: u64,
+    event_id: Option<String>,
+    /// The parse error, for a line that is not a valid delivery.
+    malformed: Option<String>,
+}
+
+/// The batch being filled and the running summary.
+struct Run<'a> {
+    store: &'a Store,
+    options: &'a IngestOptions,
+    is_seekable: bool,
+    summary: IngestSummary,
+    deliveries: Vec<Delivery>,
+    lines: Vec<LineInfo>,
+    batch_start: u64,
+    batch_bytes: usize,
+    batch_hasher: Xxh3,
+}
+
+impl Run<'_> {
+    fn add_line(&mut self, line: &[u8], line_no: u64) {
+        self.summary.lines += 1;
+        self.batch_bytes += line.len();
+        if !self.is_seekable {
+            self.batch_hasher.update(line);
+        }
+        if is_blank(line) {
+            return;
+        }
+        match parse_line(line, &self.options.mapping) {
+            Ok(delivery) => {
+                self.lines.push(LineInfo {
+                    line_no,
+                    event_id: Some(String::from_utf8_lossy(&delivery.event_id).into_owned()),
+                    malformed: None,
+                });
+                self.deliveries.push(delivery);
+            }
+            Err(err) => {
+                let reason = err.to_string();
+                self.deliveries.push(Delivery {
+                    event_id: format!("line:{line_no}").into(),
+                    key: bytes::Bytes::new(),
+                    seq: 0,
+                    op: Op::Malformed {
+                        reason: reason.clone(),
+                    },
+                });
+                self.lines.push(LineInfo {
+                    line_no,
+                    event_id: err.event_id,
+                    malformed: Some(reason),
+                });
+            }
+        }
+    }
+
+    fn is_full(&self) -> bool {
+        self.deliveries.len() >= self.options.batch_size
+            || self.batch_bytes >= self.options.batch_bytes_max
+    }
+
+    /// Commits the lines `[batch_start, end)` as one batch that moves the checkpoint to `end`.
+    fn commit(&mut self, end: u64) -> anyhow::Result<()> {
+        let source = &self.options.source;
+        let start = self.batch_start;
+        let batch_id = if self.is_seekable {
+            format!("{source}:{start}-{end}")
+        } else {
+            format!("{source}:{start}-{end}:{:016x}", self.batch_hasher.digest())
+        };
+        let mut batch = Batch::new(&batch_id);
+        for delivery in self.deliveries.drain(..) {
+            batch.push_delivery(delivery);
+        }
+        batch.set_checkpoint(source, encode_position(end));
+        let report = self
+            .store
+            .apply_batch(&batch)
+            .map_err(|err| self.explain(err, &batch_id))?;
+        self.summary.batches += 1;
+        if report.replayed {
+            self.summary.replayed += 1;
+        } else {
+            self.summary.totals.accumulate(&report);
+        }
+        self.summary.checkpoint = end;
+        self.lines.clear();
+        self.batch_start = end;
+        self.batch_bytes = 0;
+        self.batch_hasher = Xxh3::new();
+        Ok(())
+    }
+
+    /// Turns a refused batch into a message naming the line and event id.
+    fn explain(&self, err: Error, batch_id: &str) -> anyhow::Error {
+        let not_committed = format!(
+            "nothing of batch {} was committed; checkpoint of source {} stays at {} ({} batches committed before it in this run)",
+            string_literal(batch_id),
+            string_literal(&self.options.source),
+            self.batch_start,
+            self.summary.batches
+        );
+        let line = |index: usize| self.lines.get(index);
+        match &err {
+            Error::ConflictingEvent {
+                index, event_id, ..
+            } => {
+                let line_no = line(*index).map_or_else(|| "?".to_owned(), |l| l.line_no.to_string());
+                anyhow!(
+                    "line {line_no}: event_id {} was already seen with another payload (conflicting event); {not_committed}",
+                    string_literal(event_id)
+                )
+            }
+            Error::InvalidEvent {
+                index,
+                event_id,
+                reason,
+                ..
+            } => match line(*index) {
+                Some(LineInfo {
+                    line_no,
+                    malformed: Some(parse_error),
+                    ..
+                }) => anyhow!("line {line_no}: {parse_error}; {not_committed}"),
+                Some(LineInfo {
+                    line_no,
+                    event_id: known,
+                    ..
+                }) => anyhow!(
+                    "line {line_no}: invalid event (event_id {}): {reason}; {not_committed}",
+                    string_literal(known.as_deref().unwrap_or(event_id))
+                ),
+                None => anyhow!(
+                    "delivery {index}: invalid event (event_id {}): {reason}; {not_committed}",
+                    string_literal(event_id)
+                ),
+            },
+            Error::BatchConflict { .. } => anyhow!(
+                "{err}: the input under source {} differs from what was ingested before (the file changed, or --batch-size or the field mapping did); {not_committed}",
+                string_literal(&self.options.source)
+            ),
+            _ => anyhow::Error::new(err).context(not_committed),
+        }
+    }
+}

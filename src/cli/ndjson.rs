@@ -1,0 +1,374 @@
+//! One NDJSON line -> one [`Delivery`]: the field mapping, and nothing else.
+//!
+//! Pure: no I/O, no store. Every input, however broken, gives `Ok` or a
+//! [`LineError`], never a panic (the `ndjson_line` fuzz target checks this).
+//!
+//! | field (default name) | accepted                                                   |
+//! |----------------------|------------------------------------------------------------|
+//! | `event_id`           | a non-empty string, or an integer (its decimal text)       |
+//! | `key` (one or more)  | strings or numbers, joined by the key separator (`/`)      |
+//! | `seq`                | a non-negative integer (u64), or a string of decimal digits |
+//! | `op`                 | `"put"`, `"delete"` or `"add"`                              |
+//! | `value` (put)        | any JSON, stored as canonical JSON (see `canonical`)        |
+//! | `delta` (add)        | an integer in i64 range                                     |
+//!
+//! With `id_from_content` the event id is the xxh3-128 (32 lowercase hex
+//! chars) of the canonical JSON of the whole line object minus the top-level
+//! `ignore_fields`, so redeliveries that differ only in transport fields
+//! (receive time, partition, ...) get the same id.
+
+use std::fmt;
+
+use bytes::Bytes;
+use serde_json::{Map, Value};
+
+use crate::Delivery;
+use crate::Op;
+use crate::cli::canonical;
+
+/// How the fields of a line map onto a delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldMapping {
+    /// Field holding the event id (unused with `id_from_content`).
+    pub id_field: String,
+    /// Fields whose values, joined by `key_separator`, form the key.
+    pub key_fields: Vec<String>,
+    /// Joins the parts of a composite key.
+    pub key_separator: String,
+    /// Field holding the key's version.
+    pub seq_field: String,
+    /// Field holding the operation.
+    pub op_field: String,
+    /// Field holding a put's value.
+    pub value_field: String,
+    /// Field holding an add's delta.
+    pub delta_field: String,
+    /// Derive the event id from a hash of the line's canonical content.
+    pub id_from_content: bool,
+    /// Top-level fields left out of that hash.
+    pub ignore_fields: Vec<String>,
+}
+
+impl Default for FieldMapping {
+    fn default() -> Self {
+        Self {
+            id_field: "event_id".to_owned(),
+            key_fields: vec!["key".to_owned()],
+            key_separator: "/".to_owned(),
+            seq_field: "seq".to_owned(),
+            op_field: "op".to_owned(),
+            value_field: "value".to_owned(),
+            delta_field: "delta".to_owned(),
+            id_from_content: false,
+            ignore_fields: Vec::new(),
+        }
+    }
+}
+
+/// Why a line is not a valid delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LineError {
+    /// The event id, when the line got far enough to have one.
+    pub event_id: Option<String>,
+    /// What is wrong, naming the field.
+    pub reason: String,
+}
+
+impl LineError {
+    fn new(event_id: Option<&str>, reason: impl Into<String>) -> Self {
+        Self {
+            event_id: event_id.map(str::to_owned),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl fmt::Display for LineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.reason)?;
+        if let Some(id) = &self.event_id {
+            write!(f, " (event_id {})", canonical::string_literal(id))?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for LineError {}
+
+/// Whether a line holds nothing but whitespace (such lines are skipped, not deliveries).
+pub fn is_blank(line: &[u8]) -> bool {
+    line.iter().all(u8::is_ascii_whitespace)
+}
+
+/// Maps one NDJSON line (a trailing `\n` or `\r\n` is ignored) to a delivery.
+///
+/// # Errors
+/// A [`LineError`] naming the problem (and the event id, once known) when the
+/// line is not JSON, not an object, or a field is missing or mistyped.
+pub fn parse_line(line: &[u8], mapping: &FieldMapping) -> Result<Delivery, LineError> {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let value: Value = serde_json::from_slice(line).map_err(|e| {
+        let message = e.to_string();
+        let position = format!(" at line {} column {}", e.line(), e.column());
+        let message = message.strip_suffix(&position).unwrap_or(&message);
+        LineError::new(
+            None,
+            format!("not valid JSON at column {}: {message}", e.column()),
+        )
+    })?;
+    let Value::Object(object) = value else {
+        return Err(LineError::new(None, "not a JSON object"));
+    };
+
+    let event_id = if mapping.id_from_content {
+        content_id(&object, &mapping.ignore_fields)
+    } else {
+        let raw = object
+            .get(&mapping.id_field)
+            .ok_or_else(|| LineError::new(None, missing(&mapping.id_field)))?;
+        let id = scalar_text(raw).ok_or_else(|| {
+            LineError::new(
+                None,
+                format!(
+                    "field {} must be a string or an integer",
+                    quoted(&mapping.id_field)
+                ),
+            )
+        })?;
+        if id.is_empty() {
+            return Err(LineError::new(
+                None,
+                format!("field {} is empty", quoted(&mapping.id_field)),
+            ));
+        }
+        id
+    };
+    let id = Some(event_id.as_str());
+
+    let key = key_of(&object, mapping, id)?;
+    let seq = seq_of(&object, &mapping.seq_field, id)?;
+    let op_name = match object.get(&mapping.op_field) {
+        None => return Err(LineError::new(id, missing(&mapping.op_field))),
+        Some(Value::String(name)) => name.as_str(),
+        Some(_) => {
+            return Err(LineError::new(
+                id,
+                format!("field {} must be a string", quoted(&mapping.op_field)),
+            ));
+        }
+    };
+    let op = match op_name {
+        "put" => {
+            let value = object
+                .get(&mapping.value_field)
+                .ok_or_else(|| LineError::new(id, missing(&mapping.value_field)))?;
+            Op::Put(Bytes::from(canonical::to_canonical(value)))
+        }
+        "delete" => Op::Delete,
+        "add" => {
+            let delta = object
+                .get(&mapping.delta_field)
+                .ok_or_else(|| LineError::new(id, missing(&mapping.delta_field)))?;
+            let delta = delta.as_i64().ok_or_else(|| {
+                LineError::new(
+                    id,
+                    format!(
+                        "field {} must be an integer in i64 range",
+                        quoted(&mapping.delta_field)
+                    ),
+                )
+            })?;
+            Op::Add(delta)
+        }
+        other => {
+            return Err(LineError::new(
+                id,
+                format!(
+                    "field {} is {}; expected \"put\", \"delete\" or \"add\"",
+                    quoted(&mapping.op_field),
+                    canonical::string_literal(other)
+                ),
+            ));
+        }
+    };
+    Ok(Delivery {
+        event_id: Bytes::from(event_id),
+        key: Bytes::from(key),
+        seq,
+        op,
+    })
+}
+
+/// The content-derived event id: xxh3-128 of the canonical object minus `ignore`.
+fn content_id(object: &Map<String, Value>, ignore: &[String]) -> String {
+    let kept: Map<String, Value> = object
+        .iter()
+        .filter(|(name, _)| !ignore.iter().any(|ignored| ignored == *name))
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect();
+    let bytes = canonical::to_canonical(&Value::Object(kept));
+    format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&bytes))
+}
+
+fn key_of(
+    object: &Map<String, Value>,
+    mapping: &FieldMapping,
+    id: Option<&str>,
+) -> Result<String, LineError> {
+    let mut key = String::new();
+    for (i, field) in mapping.key_fields.iter().enumerate() {
+        let raw = object
+            .get(field)
+            .ok_or_else(|| LineError::new(id, missing(field)))?;
+        let part = scalar_text(raw).ok_or_else(|| {
+            LineError::new(
+                id,
+                format!("field {} must be a string or a number", quoted(field)),
+            )
+        })?;
+        if i > 0 {
+            key.push_str(&mapping.key_separator);
+        }
+        key.push_str(&part);
+    }
+    if key.is_empty() {
+        return Err(LineError::new(id, "the key is empty"));
+    }
+    Ok(key)
+}
+
+fn seq_of(object: &Map<String, Value>, field: &str, id: Option<&str>) -> Result<u64, LineError> {
+    let mistyped = || {
+        LineError::new(
+            id,
+            format!(
+                "field {} must be a non-negative integer (u64) or a string of decimal digits",
+                quoted(field)
+            ),
+        )
+    };
+    match object.get(field) {
+        None => Err(LineError::new(id, missing(field))),
+        Some(Value::Number(n)) => n.as_u64().ok_or_else(mistyped),
+        Some(Value::String(s)) if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) => {
+            s.parse().map_err(|_| mistyped())
+        }
+        Some(_) => Err(mistyped()),
+    }
+}
+
+/// A string's text or a number's JSON text; `None` for other JSON types.
+fn scalar_text(value: &Value) -> Option<String> {
+    match value {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+fn quoted(field: &str) -> String {
+    canonical::string_literal(field)
+}
+
+fn missing(field: &str) -> String {
+    format!("missing field {}", quoted(field))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(line: &str) -> Result<Delivery, LineError> {
+        parse_line(line.as_bytes(), &FieldMapping::default())
+    }
+
+    #[test]
+    fn spec_lines_map_to_deliveries() {
+        let put = parse(r#"{"event_id":"e201","key":"O1001/1","seq":201,"op":"put","value":{"qty":2,"amount_cents":1998}}"#)
+            .expect("valid put");
+        assert_eq!(&put.event_id[..], b"e201");
+        assert_eq!(&put.key[..], b"O1001/1");
+        assert_eq!(put.seq, 201);
+        assert_eq!(
+            put.op,
+            Op::Put(Bytes::from_static(br#"{"amount_cents":1998,"qty":2}"#))
+        );
+        let delete = parse("{\"event_id\":\"e204\",\"key\":\"O1005/2\",\"seq\":204,\"op\":\"delete\"}\r\n")
+            .expect("valid delete");
+        assert_eq!(delete.op, Op::Delete);
+        let add = parse(r#"{"event_id":"e300","key":"visits/2026-09-21","seq":300,"op":"add","delta":-5}"#)
+            .expect("valid add");
+        assert_eq!(add.op, Op::Add(-5));
+    }
+
+    #[test]
+    fn composite_keys_are_joined() {
+        let mapping = FieldMapping {
+            key_fields: vec!["order_id".to_owned(), "line_no".to_owned()],
+            seq_field: "lsn".to_owned(),
+            ..FieldMapping::default()
+        };
+        let d = parse_line(
+            br#"{"event_id":7,"order_id":"O1001","line_no":1,"lsn":"42","op":"delete"}"#,
+            &mapping,
+        )
+        .expect("valid");
+        assert_eq!(&d.key[..], b"O1001/1");
+        assert_eq!(&d.event_id[..], b"7");
+        assert_eq!(d.seq, 42);
+    }
+
+    #[test]
+    fn content_ids_ignore_transport_fields() {
+        let mapping = FieldMapping {
+            id_from_content: true,
+            ignore_fields: vec!["received_at".to_owned()],
+            ..FieldMapping::default()
+        };
+        let a = parse_line(
+            br#"{"key":"k","seq":1,"op":"put","value":{"b":1,"a":2},"received_at":"10:00"}"#,
+            &mapping,
+        )
+        .expect("valid");
+        let b = parse_line(
+            br#"{"received_at":"10:05", "op":"put","seq":1,"key":"k","value":{"a":2,"b":1}}"#,
+            &mapping,
+        )
+        .expect("valid");
+        let c = parse_line(br#"{"key":"k","seq":2,"op":"put","value":{"a":2,"b":1}}"#, &mapping)
+            .expect("valid");
+        assert_eq!(a.event_id, b.event_id);
+        assert_ne!(a.event_id, c.event_id);
+        assert_eq!(a.event_id.len(), 32);
+    }
+
+    #[test]
+    fn bad_lines_name_the_field_and_event_id() {
+        let err = parse(r#"{"event_id":"e9","key":"k","op":"put","value":1}"#).expect_err("no seq");
+        assert_eq!(err.event_id.as_deref(), Some("e9"));
+        assert_eq!(err.to_string(), r#"missing field "seq" (event_id "e9")"#);
+        let err = parse(r#"{"event_id":"e9","key":"k","seq":-1,"op":"put","value":1}"#)
+            .expect_err("negative seq");
+        assert!(err.reason.contains("\"seq\""), "{err}");
+        let err = parse(r#"{"event_id":"e9","key":"k","seq":1,"op":"upsert"}"#).expect_err("bad op");
+        assert!(err.reason.contains("upsert"), "{err}");
+        let err = parse(r#"{"event_id":"e9","key":"k","seq":1,"op":"add","delta":1.5}"#)
+            .expect_err("bad delta");
+        assert!(err.reason.contains("\"delta\""), "{err}");
+        let err = parse(r#"{"event_id":"","key":"k","seq":1,"op":"delete"}"#).expect_err("empty id");
+        assert_eq!(err.event_id, None);
+        let err = parse(r#"{"event_id":"e1","key":"","seq":1,"op":"delete"}"#).expect_err("empty key");
+        assert!(err.reason.contains("empty"), "{err}");
+    }
+
+    #[test]
+    fn junk_is_an_error_not_a_panic() {
+        for line in [&b""[..], b"{", b"[1,2]", b"\xff\xfe", b"null", b"{\"event_id\":{}}", b"12"] {
+            assert!(parse_line(line, &FieldMapping::default()).is_err());
+        }
+        let err = parse(r#"{"event_id": "e1", "key": }"#).expect_err("bad json");
+        assert!(err.reason.starts_with("not valid JSON at column"), "{err}");
+        assert!(!err.reason.contains("line 1"), "{err}");
+    }
+}

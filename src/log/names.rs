@@ -1,0 +1,35 @@
+//! Segment id <-> file name. Segment files are `NNNNNNNNNN.seg` (ten decimal
+//! digits), so name order is log order.
+
+/// File name of the directory lock.
+pub(crate) const LOCK_FILE: &str = "LOCK";
+
+/// File name of segment `id`.
+pub(crate) fn segment_file_name(id: u32) -> String {
+    format!("{id:010}.seg")
+}
+
+/// The segment id a file name stands for, if it is a segment file name.
+pub(crate) fn parse_segment_file_name(name: &str) -> Option<u32> {
+    let digits = name.strip_suffix(".seg")?;
+    if digits.len() != 10 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_sort_in_log_order() {
+        assert_eq!(segment_file_name(12), "0000000012.seg");
+        assert_eq!(parse_segment_file_name("0000000012.seg"), Some(12));
+        assert_eq!(parse_segment_file_name(&segment_file_name(u32::MAX)), Some(u32::MAX));
+        for bad in ["12.seg", "000000001a.seg", "0000000012.log", "LOCK", "0000000012.seg.tmp"] {
+            assert_eq!(parse_segment_file_name(bad), None, "{bad}");
+        }
+        assert!(segment_file_name(9) < segment_file_name(10));
+    }
+}

@@ -1,0 +1,123 @@
+//! Appends records to the active segment, rotating to a new segment when it
+//! is full (DESIGN.md, "File lifecycle").
+//!
+//! The writer owns one reusable buffer: a record is encoded straight into it
+//! behind room for its frame header, then written with one `append`. The
+//! caller serialises access (the store's writer lock).
+//!
+//! Rotation, in order: sync the full segment (it is now sealed and never
+//! written again), create the next segment with its header, sync it, sync the
+//! directory. Every segment but the newest is therefore whole on disk.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::names::segment_file_name;
+use crate::error::{Error, Result};
+use crate::format::segment::{FRAME_HEADER_LEN, SEGMENT_HEADER_LEN, encode_frame, encode_segment_header};
+use crate::storage::{OpenMode, Storage, StorageFile};
+
+/// Creates segment `id` with its header, durably (file and directory synced).
+pub(crate) fn create_segment(storage: &dyn Storage, dir: &Path, id: u32) -> Result<Arc<dyn StorageFile>> {
+    let path = dir.join(segment_file_name(id));
+    let file = storage.open(&path, OpenMode::CreateNew).map_err(|e| Error::io("create", &path, e))?;
+    file.append(&encode_segment_header(id)).map_err(|e| Error::io("write", &path, e))?;
+    file.sync_data().map_err(|e| Error::io("sync", &path, e))?;
+    storage.sync_dir(dir).map_err(|e| Error::io("sync directory", dir, e))?;
+    Ok(file)
+}
+
+/// Where an appended record landed.
+#[derive(Debug)]
+pub(crate) struct Appended {
+    pub segment: u32,
+    /// Offset of the record's body in its segment.
+    pub body_at: u32,
+    /// Log sequence number just after the record (bytes appended since open).
+    pub lsn_end: u64,
+    /// Set when this append started a new segment.
+    pub new_segment: Option<Arc<dyn StorageFile>>,
+}
+
+/// The append side of the log.
+#[derive(Debug)]
+pub(crate) struct LogWriter {
+    dir: PathBuf,
+    storage: Arc<dyn Storage>,
+    segment_bytes_max: u64,
+    active: Arc<dyn StorageFile>,
+    active_id: u32,
+    active_len: u64,
+    lsn: u64,
+    buf: Vec<u8>,
+}
+
+impl LogWriter {
+    pub(crate) fn new(
+        dir: PathBuf,
+        storage: Arc<dyn Storage>,
+        segment_bytes_max: u64,
+        active: Arc<dyn StorageFile>,
+        active_id: u32,
+        active_len: u64,
+    ) -> Self {
+        assert!(active_len >= SEGMENT_HEADER_LEN as u64, "active segment has its header");
+        Self { dir, storage, segment_bytes_max, active, active_id, active_len, lsn: 0, buf: Vec::new() }
+    }
+
+    /// Clears the buffer and returns it for encoding a record body.
+    pub(crate) fn begin(&mut self) -> &mut Vec<u8> {
+        self.buf.clear();
+        self.buf.resize(FRAME_HEADER_LEN, 0);
+        &mut self.buf
+    }
+
+    /// The body encoded since `begin`.
+    pub(crate) fn body(&self) -> &[u8] {
+        self.buf.get(FRAME_HEADER_LEN..).unwrap_or_default()
+    }
+
+    /// The file records are appended to now.
+    pub(crate) fn active(&self) -> (u32, &Arc<dyn StorageFile>) {
+        (self.active_id, &self.active)
+    }
+
+    /// Frames and appends the body encoded since `begin`.
+    ///
+    /// On error the record may be partly written; the caller must refuse
+    /// further appends (a later record after a partial one would turn a torn
+    /// tail into corruption).
+    pub(crate) fn append(&mut self, kind: u8) -> Result<Appended> {
+        let record_len = self.buf.len() as u64;
+        let is_full = self.active_len + record_len > self.segment_bytes_max
+            || self.active_len + record_len > u64::from(u32::MAX);
+        let new_segment = if is_full && self.active_len > SEGMENT_HEADER_LEN as u64 { Some(self.rotate()?) } else { None };
+
+        let offset = u32::try_from(self.active_len).expect("segment offsets fit in u32 (rotation keeps them so)");
+        let (header, body) = self.buf.split_at_mut(FRAME_HEADER_LEN);
+        encode_frame(header, kind, body, self.active_id, offset);
+        let path = || self.dir.join(segment_file_name(self.active_id));
+        self.active.append(&self.buf).map_err(|e| Error::io("append", path(), e))?;
+
+        self.active_len += record_len;
+        self.lsn += record_len;
+        Ok(Appended {
+            segment: self.active_id,
+            body_at: offset + FRAME_HEADER_LEN as u32,
+            lsn_end: self.lsn,
+            new_segment,
+        })
+    }
+
+    /// Seals the active segment and starts the next one.
+    fn rotate(&mut self) -> Result<Arc<dyn StorageFile>> {
+        let path = self.dir.join(segment_file_name(self.active_id));
+        self.active.sync_data().map_err(|e| Error::io("sync", &path, e))?;
+        let next_id = self.active_id.checked_add(1).ok_or_else(|| Error::io("rotate", &path, std::io::Error::other("segment ids exhausted")))?;
+        let file = create_segment(self.storage.as_ref(), &self.dir, next_id)?;
+        self.active = Arc::clone(&file);
+        self.active_id = next_id;
+        self.active_len = SEGMENT_HEADER_LEN as u64;
+        Ok(file)
+    }
+}

@@ -1,0 +1,74 @@
+//! Public value types returned by the store's read and maintenance calls.
+
+use std::path::PathBuf;
+
+use bytes::Bytes;
+
+use crate::batch::BatchReport;
+
+/// A key's current live state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The key's version.
+    pub seq: u64,
+    /// The value bytes (for a counter: canonical decimal text of an i64).
+    pub value: Bytes,
+}
+
+/// One committed batch, as listed by [`Store::log`](crate::Store::log).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogEntry {
+    pub batch_id: Bytes,
+    pub report: BatchReport,
+    /// The clock reading the batch committed under (ms since the Unix epoch).
+    pub committed_ms: u64,
+}
+
+/// Bytes of index memory per entry kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct IndexBytes {
+    /// Keys (live rows and tombstones).
+    pub keys: u64,
+    /// Seen event ids.
+    pub seen: u64,
+    /// The batch registry.
+    pub batches: u64,
+}
+
+/// Counts and sizes, from [`Store::stats`](crate::Store::stats).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Stats {
+    pub live_keys: u64,
+    pub tombstones: u64,
+    pub seen_ids: u64,
+    pub batches: u64,
+    pub checkpoints: u64,
+    pub quarantined: u64,
+    pub segments: u64,
+    /// Bytes of all segment files.
+    pub disk_bytes: u64,
+    pub index_bytes: IndexBytes,
+    /// Bytes of a torn final record that `open` discarded.
+    pub torn_bytes_discarded: u64,
+}
+
+/// What a verify pass read; any problem is an error instead.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct VerifyReport {
+    pub segments: u64,
+    pub records: u64,
+    pub bytes: u64,
+}
+
+/// What [`Store::repair`](crate::Store::repair) kept and dropped.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RepairReport {
+    /// Records in the salvaged prefix.
+    pub records_kept: u64,
+    /// Segment id and offset of the first bad record, if any.
+    pub first_bad: Option<(u64, u64)>,
+    pub bytes_dropped: u64,
+    pub segments_dropped: u64,
+    /// Where the dropped bytes were moved instead of being deleted.
+    pub lost_found: Option<PathBuf>,
+}
