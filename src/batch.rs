@@ -199,7 +199,16 @@ impl BatchReport {
 
     /// Builds a report from counts in declaration order.
     pub fn from_counts(counts: [u64; 8]) -> Self {
-        let [inserted, updated, unchanged, stale, duplicates, deleted, added, rejected] = counts;
+        let [
+            inserted,
+            updated,
+            unchanged,
+            stale,
+            duplicates,
+            deleted,
+            added,
+            rejected,
+        ] = counts;
         Self {
             inserted,
             updated,

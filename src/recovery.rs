@@ -66,47 +66,94 @@ pub(crate) struct Walk {
 
 /// Segment ids in the directory, ascending.
 pub(crate) fn list_segments(storage: &dyn Storage, dir: &Path) -> Result<Vec<u32>> {
-    let names = storage.list_dir(dir).map_err(|e| Error::io("list", dir, e))?;
-    let mut ids: Vec<u32> = names.iter().filter_map(|n| parse_segment_file_name(n)).collect();
+    let names = storage
+        .list_dir(dir)
+        .map_err(|e| Error::io("list", dir, e))?;
+    let mut ids: Vec<u32> = names
+        .iter()
+        .filter_map(|n| parse_segment_file_name(n))
+        .collect();
     ids.sort_unstable();
     Ok(ids)
 }
 
 /// Walks every record of every segment in order, replaying each into `index`.
 /// Opens the newest segment for appending when `writable`.
-pub(crate) fn walk(storage: &dyn Storage, dir: &Path, index: &mut Index, writable: bool) -> Result<Walk> {
+pub(crate) fn walk(
+    storage: &dyn Storage,
+    dir: &Path,
+    index: &mut Index,
+    writable: bool,
+) -> Result<Walk> {
     let ids = list_segments(storage, dir)?;
-    let mut walk = Walk { segments: Vec::new(), records: 0, problem: None };
+    let mut walk = Walk {
+        segments: Vec::new(),
+        records: 0,
+        problem: None,
+    };
     let mut expected = ids.first().copied();
     for (i, &id) in ids.iter().enumerate() {
         let is_last = i + 1 == ids.len();
         if Some(id) != expected {
             let missing = expected.unwrap_or(id);
-            walk.problem = Some(Problem { segment: missing, offset: 0, reason: "segment file missing".into(), is_tail: false });
+            walk.problem = Some(Problem {
+                segment: missing,
+                offset: 0,
+                reason: "segment file missing".into(),
+                is_tail: false,
+            });
             break;
         }
         expected = id.checked_add(1);
         let path = dir.join(segment_file_name(id));
-        let mode = if is_last && writable { OpenMode::Append } else { OpenMode::Read };
-        let file = storage.open(&path, mode).map_err(|e| Error::io("open", &path, e))?;
+        let mode = if is_last && writable {
+            OpenMode::Append
+        } else {
+            OpenMode::Read
+        };
+        let file = storage
+            .open(&path, mode)
+            .map_err(|e| Error::io("open", &path, e))?;
         let map = file.map(0).map_err(|e| Error::io("map", &path, e))?;
-        let mut segment = WalkedSegment { id, file, valid_len: 0 };
+        let mut segment = WalkedSegment {
+            id,
+            file,
+            valid_len: 0,
+        };
 
         if let Err(reason) = decode_segment_header(&map, id) {
             let is_tail = is_last && map.len() <= SEGMENT_HEADER_LEN;
-            walk.problem = Some(Problem { segment: id, offset: 0, reason: reason.into(), is_tail });
+            walk.problem = Some(Problem {
+                segment: id,
+                offset: 0,
+                reason: reason.into(),
+                is_tail,
+            });
             walk.segments.push(segment);
             break;
         }
         let mut reader = SegmentReader::new(&map, id);
         for item in reader.by_ref() {
             let replayed = item
-                .map_err(|bad| Problem { segment: id, offset: bad.offset, reason: bad.reason.into(), is_tail: is_last && bad.is_tail })
+                .map_err(|bad| Problem {
+                    segment: id,
+                    offset: bad.offset,
+                    reason: bad.reason.into(),
+                    is_tail: is_last && bad.is_tail,
+                })
                 .and_then(|record| {
-                    let problem = |offset: u64, reason: &'static str| Problem { segment: id, offset, reason: reason.into(), is_tail: false };
-                    let batch = decode_batch(record.body)
-                        .map_err(|e| problem(u64::from(record.body_at) + e.offset as u64, e.what))?;
-                    index.apply_record(&batch, id, record.body_at).map_err(|reason| problem(u64::from(record.offset), reason))
+                    let problem = |offset: u64, reason: &'static str| Problem {
+                        segment: id,
+                        offset,
+                        reason: reason.into(),
+                        is_tail: false,
+                    };
+                    let batch = decode_batch(record.body).map_err(|e| {
+                        problem(u64::from(record.body_at) + e.offset as u64, e.what)
+                    })?;
+                    index
+                        .apply_record(&batch, id, record.body_at)
+                        .map_err(|reason| problem(u64::from(record.offset), reason))
                 });
             if let Err(problem) = replayed {
                 walk.problem = Some(problem);
@@ -137,18 +184,36 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, index: &mut Index) -> R
         if !problem.is_tail {
             return Err(problem.into_error());
         }
-        let segment = walk.segments.last().expect("a tail problem is in a walked segment");
+        let segment = walk
+            .segments
+            .last()
+            .expect("a tail problem is in a walked segment");
         let path = dir.join(segment_file_name(segment.id));
-        let len = segment.file.len().map_err(|e| Error::io("stat", &path, e))?;
+        let len = segment
+            .file
+            .len()
+            .map_err(|e| Error::io("stat", &path, e))?;
         torn_bytes = len - problem.offset;
         if problem.offset < SEGMENT_HEADER_LEN as u64 {
             // The segment's creation was cut short: write its header again.
-            segment.file.set_len(0).map_err(|e| Error::io("truncate", &path, e))?;
-            segment.file.append(&encode_segment_header(segment.id)).map_err(|e| Error::io("write", &path, e))?;
+            segment
+                .file
+                .set_len(0)
+                .map_err(|e| Error::io("truncate", &path, e))?;
+            segment
+                .file
+                .append(&encode_segment_header(segment.id))
+                .map_err(|e| Error::io("write", &path, e))?;
         } else {
-            segment.file.set_len(problem.offset).map_err(|e| Error::io("truncate", &path, e))?;
+            segment
+                .file
+                .set_len(problem.offset)
+                .map_err(|e| Error::io("truncate", &path, e))?;
         }
-        segment.file.sync_data().map_err(|e| Error::io("sync", &path, e))?;
+        segment
+            .file
+            .sync_data()
+            .map_err(|e| Error::io("sync", &path, e))?;
         if let Some(s) = walk.segments.last_mut() {
             s.valid_len = s.valid_len.max(SEGMENT_HEADER_LEN as u64);
         }
@@ -165,13 +230,18 @@ pub(crate) fn repair(storage: &dyn Storage, dir: &Path) -> Result<RepairReport> 
     let all_ids = list_segments(storage, dir)?;
     let mut scratch = Index::default();
     let walk = walk(storage, dir, &mut scratch, true)?;
-    let mut report = RepairReport { records_kept: walk.records, ..RepairReport::default() };
+    let mut report = RepairReport {
+        records_kept: walk.records,
+        ..RepairReport::default()
+    };
     let Some(problem) = walk.problem else {
         return Ok(report);
     };
     report.first_bad = Some((u64::from(problem.segment), problem.offset));
     let lost = dir.join(LOST_FOUND_DIR);
-    storage.create_dir_all(&lost).map_err(|e| Error::io("create directory", &lost, e))?;
+    storage
+        .create_dir_all(&lost)
+        .map_err(|e| Error::io("create directory", &lost, e))?;
     report.lost_found = Some(lost.clone());
 
     // The segment holding the problem keeps its valid prefix, if it has one.
@@ -182,30 +252,49 @@ pub(crate) fn repair(storage: &dyn Storage, dir: &Path) -> Result<RepairReport> 
         let map = s.file.map(0).map_err(|e| Error::io("map", &path, e))?;
         if problem.offset >= SEGMENT_HEADER_LEN as u64 {
             let tail = map.get(problem.offset as usize..).unwrap_or_default();
-            let tail_path = lost.join(format!("{}.{}.tail", segment_file_name(s.id), problem.offset));
+            let tail_path = lost.join(format!(
+                "{}.{}.tail",
+                segment_file_name(s.id),
+                problem.offset
+            ));
             write_new_file(storage, &tail_path, tail)?;
             report.bytes_dropped += tail.len() as u64;
-            s.file.set_len(problem.offset).map_err(|e| Error::io("truncate", &path, e))?;
-            s.file.sync_data().map_err(|e| Error::io("sync", &path, e))?;
+            s.file
+                .set_len(problem.offset)
+                .map_err(|e| Error::io("truncate", &path, e))?;
+            s.file
+                .sync_data()
+                .map_err(|e| Error::io("sync", &path, e))?;
             first_dropped = s.id.saturating_add(1);
         }
     }
     for &id in all_ids.iter().filter(|&&id| id >= first_dropped) {
         let from = dir.join(segment_file_name(id));
         let to = lost.join(segment_file_name(id));
-        let file = storage.open(&from, OpenMode::Read).map_err(|e| Error::io("open", &from, e))?;
+        let file = storage
+            .open(&from, OpenMode::Read)
+            .map_err(|e| Error::io("open", &from, e))?;
         report.bytes_dropped += file.len().map_err(|e| Error::io("stat", &from, e))?;
-        storage.rename(&from, &to).map_err(|e| Error::io("rename", &from, e))?;
+        storage
+            .rename(&from, &to)
+            .map_err(|e| Error::io("rename", &from, e))?;
         report.segments_dropped += 1;
     }
-    storage.sync_dir(&lost).map_err(|e| Error::io("sync directory", &lost, e))?;
-    storage.sync_dir(dir).map_err(|e| Error::io("sync directory", dir, e))?;
+    storage
+        .sync_dir(&lost)
+        .map_err(|e| Error::io("sync directory", &lost, e))?;
+    storage
+        .sync_dir(dir)
+        .map_err(|e| Error::io("sync directory", dir, e))?;
     Ok(report)
 }
 
 fn write_new_file(storage: &dyn Storage, path: &PathBuf, bytes: &[u8]) -> Result<()> {
-    let file = storage.open(path, OpenMode::CreateNew).map_err(|e| Error::io("create", path, e))?;
-    file.append(bytes).map_err(|e| Error::io("write", path, e))?;
+    let file = storage
+        .open(path, OpenMode::CreateNew)
+        .map_err(|e| Error::io("create", path, e))?;
+    file.append(bytes)
+        .map_err(|e| Error::io("write", path, e))?;
     file.sync_data().map_err(|e| Error::io("sync", path, e))
 }
 

@@ -36,7 +36,10 @@ pub(crate) fn hash_delivery(d: &Delivery) -> DeliveryHash {
         Op::Add(delta) => xxh3_64_with_seed(&delta.to_le_bytes(), head),
         Op::Malformed { reason } => xxh3_64_with_seed(reason.as_bytes(), head),
     };
-    DeliveryHash { id: xxh3_128(&d.event_id), payload }
+    DeliveryHash {
+        id: xxh3_128(&d.event_id),
+        payload,
+    }
 }
 
 /// Hashes every delivery, and the batch's content (deliveries in order, then
@@ -65,7 +68,11 @@ pub(crate) fn static_problem(d: &Delivery, value_bytes_max: usize) -> Option<Cow
     } else if d.event_id.is_empty() {
         "empty event id".into()
     } else if d.event_id.len() > ID_BYTES_MAX {
-        format!("event id of {} bytes exceeds {ID_BYTES_MAX}", d.event_id.len()).into()
+        format!(
+            "event id of {} bytes exceeds {ID_BYTES_MAX}",
+            d.event_id.len()
+        )
+        .into()
     } else if d.key.is_empty() {
         "empty key".into()
     } else if d.key.len() > ID_BYTES_MAX {
@@ -73,7 +80,11 @@ pub(crate) fn static_problem(d: &Delivery, value_bytes_max: usize) -> Option<Cow
     } else if let Op::Put(value) = &d.op
         && value.len() > value_bytes_max
     {
-        format!("value of {} bytes exceeds the limit of {value_bytes_max}", value.len()).into()
+        format!(
+            "value of {} bytes exceeds the limit of {value_bytes_max}",
+            value.len()
+        )
+        .into()
     } else {
         return None;
     };
@@ -85,7 +96,12 @@ mod tests {
     use super::*;
 
     fn delivery(id: &str, key: &str, seq: u64, op: Op) -> Delivery {
-        Delivery { event_id: id.as_bytes().to_vec().into(), key: key.as_bytes().to_vec().into(), seq, op }
+        Delivery {
+            event_id: id.as_bytes().to_vec().into(),
+            key: key.as_bytes().to_vec().into(),
+            seq,
+            op,
+        }
     }
 
     #[test]
@@ -101,7 +117,10 @@ mod tests {
         ] {
             assert_ne!(hash_delivery(&other).payload, h, "{other:?}");
         }
-        assert_eq!(hash_delivery(&delivery("other id", "k", 1, Op::Put("v".into()))).payload, h);
+        assert_eq!(
+            hash_delivery(&delivery("other id", "k", 1, Op::Put("v".into()))).payload,
+            h
+        );
     }
 
     #[test]
@@ -109,8 +128,14 @@ mod tests {
         let cases = [
             (delivery("", "k", 1, Op::Delete), "empty event id"),
             (delivery("e", "", 1, Op::Delete), "empty key"),
-            (delivery("e", &"k".repeat(4097), 1, Op::Delete), "key of 4097 bytes"),
-            (delivery("e", "k", 1, Op::Put(vec![0; 11].into())), "value of 11 bytes"),
+            (
+                delivery("e", &"k".repeat(4097), 1, Op::Delete),
+                "key of 4097 bytes",
+            ),
+            (
+                delivery("e", "k", 1, Op::Put(vec![0; 11].into())),
+                "value of 11 bytes",
+            ),
         ];
         for (d, want) in cases {
             let got = static_problem(&d, 10).expect("invalid");

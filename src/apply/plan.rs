@@ -103,11 +103,20 @@ impl<'b, V: StateView> Planner<'b, '_, V> {
                 // A bump is only planned for a key whose committed row is live.
                 WriteSource::Bump => self.view.key(key).and_then(|e| e.value).map(Value::Stored),
             };
-            return Current { version: Some(w.seq), live };
+            return Current {
+                version: Some(w.seq),
+                live,
+            };
         }
         match self.view.key(key) {
-            Some(e) => Current { version: Some(e.seq), live: e.value.map(Value::Stored) },
-            None => Current { version: None, live: None },
+            Some(e) => Current {
+                version: Some(e.seq),
+                live: e.value.map(Value::Stored),
+            },
+            None => Current {
+                version: None,
+                live: None,
+            },
         }
     }
 
@@ -122,7 +131,11 @@ impl<'b, V: StateView> Planner<'b, '_, V> {
     fn write(&mut self, key: &'b [u8], seq: u64, op: WriteSource<'b>) {
         match self.touched.get(key) {
             Some(&i) => {
-                let w = self.plan.writes.get_mut(i).expect("touched indexes point into writes");
+                let w = self
+                    .plan
+                    .writes
+                    .get_mut(i)
+                    .expect("touched indexes point into writes");
                 *w = PlannedWrite { key, seq, op };
             }
             None => {
@@ -134,7 +147,11 @@ impl<'b, V: StateView> Planner<'b, '_, V> {
 
     /// Keeps a key's planned op but advances its seq (an unchanged put).
     fn bump(&mut self, key: &'b [u8], seq: u64) {
-        match self.touched.get(key).and_then(|&i| self.plan.writes.get_mut(i)) {
+        match self
+            .touched
+            .get(key)
+            .and_then(|&i| self.plan.writes.get_mut(i))
+        {
             Some(w) => w.seq = seq,
             None => self.write(key, seq, WriteSource::Bump),
         }
@@ -152,7 +169,11 @@ impl<'b, V: StateView> Planner<'b, '_, V> {
                     None => 0,
                     Some(v) => match parse_counter(self.value_bytes(v)?.as_bytes()) {
                         Some(n) => n,
-                        None => return Ok(Err(Refusal::Invalid("delta on a non-counter value".into()))),
+                        None => {
+                            return Ok(Err(Refusal::Invalid(
+                                "delta on a non-counter value".into(),
+                            )));
+                        }
                     },
                 };
                 let Some(sum) = base.checked_add(*delta) else {
@@ -259,13 +280,23 @@ pub(crate) fn plan<'b, V: StateView>(
                         });
                     }
                     (Refusal::Conflict, OnConflict::Quarantine) => "conflicting_event".to_owned(),
-                    (Refusal::Invalid(reason), OnConflict::Quarantine) => format!("invalid: {reason}"),
+                    (Refusal::Invalid(reason), OnConflict::Quarantine) => {
+                        format!("invalid: {reason}")
+                    }
                 };
                 p.plan.report.rejected += 1;
-                p.plan.rejects.push(PlannedReject { index: index as u64, event_id: &d.event_id, reason });
+                p.plan.rejects.push(PlannedReject {
+                    index: index as u64,
+                    event_id: &d.event_id,
+                    reason,
+                });
             }
         }
     }
-    debug_assert_eq!(p.plan.report.deliveries(), batch.len() as u64, "every delivery counted once");
+    debug_assert_eq!(
+        p.plan.report.deliveries(),
+        batch.len() as u64,
+        "every delivery counted once"
+    );
     Ok(p.plan)
 }

@@ -129,13 +129,21 @@ impl<'a> Decoder<'a> {
 
     /// A count of entries each at least `entry_bytes_min` long: bounded by what remains,
     /// so that no caller preallocates from a forged count.
-    pub(crate) fn count(&mut self, entry_bytes_min: usize, what: &'static str) -> Result<usize, DecodeError> {
+    pub(crate) fn count(
+        &mut self,
+        entry_bytes_min: usize,
+        what: &'static str,
+    ) -> Result<usize, DecodeError> {
         let max = self.remaining() / entry_bytes_min.max(1);
         self.len(max, what)
     }
 
     /// A varint length (at most `max`) followed by that many bytes.
-    pub(crate) fn bytes(&mut self, max: usize, what: &'static str) -> Result<&'a [u8], DecodeError> {
+    pub(crate) fn bytes(
+        &mut self,
+        max: usize,
+        what: &'static str,
+    ) -> Result<&'a [u8], DecodeError> {
         let len = self.len(max, what)?;
         self.take(len, what)
     }

@@ -77,7 +77,13 @@ pub(crate) enum WriteSource<'a> {
 }
 
 /// Encodes the header fields of a batch record body into `buf`.
-pub(crate) fn encode_batch_head(buf: &mut Vec<u8>, batch_id: &[u8], content_hash: u128, committed_ms: u64, counts: [u64; 8]) {
+pub(crate) fn encode_batch_head(
+    buf: &mut Vec<u8>,
+    batch_id: &[u8],
+    content_hash: u128,
+    committed_ms: u64,
+    counts: [u64; 8],
+) {
     codec::put_bytes(buf, batch_id);
     codec::put_u128(buf, content_hash);
     codec::put_u64(buf, committed_ms);
@@ -121,7 +127,10 @@ fn put_value(buf: &mut Vec<u8>, value: &[u8]) {
     buf.extend_from_slice(value);
 }
 
-pub(crate) fn encode_checkpoints<'a>(buf: &mut Vec<u8>, checkpoints: impl ExactSizeIterator<Item = (&'a [u8], &'a [u8])>) {
+pub(crate) fn encode_checkpoints<'a>(
+    buf: &mut Vec<u8>,
+    checkpoints: impl ExactSizeIterator<Item = (&'a [u8], &'a [u8])>,
+) {
     codec::put_varint(buf, checkpoints.len() as u64);
     for (source, position) in checkpoints {
         codec::put_bytes(buf, source);
@@ -174,7 +183,10 @@ pub(crate) fn decode_batch(body: &[u8]) -> Result<BatchRecord<'_>, DecodeError> 
                 let value_at = d.position();
                 let value = d.take(len, "value")?;
                 if crc32fast::hash(value) != crc {
-                    return Err(DecodeError { offset: value_at, what: "value checksum mismatch" });
+                    return Err(DecodeError {
+                        offset: value_at,
+                        what: "value checksum mismatch",
+                    });
                 }
                 WriteView::Put { value, value_at }
             }
@@ -199,10 +211,23 @@ pub(crate) fn decode_batch(body: &[u8]) -> Result<BatchRecord<'_>, DecodeError> 
         let index = d.varint("quarantine index")?;
         let event_id = d.bytes(ID_BYTES_MAX, "quarantined event id")?;
         let reason = d.bytes(ID_BYTES_MAX, "quarantine reason")?;
-        quarantine.push(QuarantineView { index, event_id, reason });
+        quarantine.push(QuarantineView {
+            index,
+            event_id,
+            reason,
+        });
     }
     d.finish()?;
-    Ok(BatchRecord { batch_id, content_hash, committed_ms, counts, seen, writes, checkpoints, quarantine })
+    Ok(BatchRecord {
+        batch_id,
+        content_hash,
+        committed_ms,
+        counts,
+        seen,
+        writes,
+        checkpoints,
+        quarantine,
+    })
 }
 
 /// Canonical decimal text of an i64, without allocating.
@@ -212,6 +237,10 @@ pub(crate) struct CounterText {
 }
 
 impl CounterText {
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "20 bytes hold any i64 with its sign"
+    )]
     pub(crate) fn new(n: i64) -> Self {
         let mut buf = [0u8; 20];
         let mut at = buf.len();
@@ -266,7 +295,18 @@ mod tests {
 
     #[test]
     fn non_canonical_numbers_are_not_counters() {
-        for s in ["", "-", "-0", "01", "+1", " 1", "1.0", "1e3", "9223372036854775808", "abc"] {
+        for s in [
+            "",
+            "-",
+            "-0",
+            "01",
+            "+1",
+            " 1",
+            "1.0",
+            "1e3",
+            "9223372036854775808",
+            "abc",
+        ] {
             assert_eq!(parse_counter(s.as_bytes()), None, "{s:?}");
         }
     }
@@ -277,29 +317,62 @@ mod tests {
         encode_batch_head(&mut buf, b"B1", 0xabc, 1234, [1, 2, 3, 4, 5, 6, 7, 8]);
         encode_seen(&mut buf, &[(7, 9), (u128::MAX, u64::MAX)]);
         encode_writes_count(&mut buf, 4);
-        encode_write(&mut buf, b"k1", 5, WriteSource::Put(ValueSource::Bytes(b"v1")));
-        encode_write(&mut buf, b"k2", 6, WriteSource::Put(ValueSource::Counter(-12)));
+        encode_write(
+            &mut buf,
+            b"k1",
+            5,
+            WriteSource::Put(ValueSource::Bytes(b"v1")),
+        );
+        encode_write(
+            &mut buf,
+            b"k2",
+            6,
+            WriteSource::Put(ValueSource::Counter(-12)),
+        );
         encode_write(&mut buf, b"k3", 7, WriteSource::Delete);
         encode_write(&mut buf, b"k4", u64::MAX, WriteSource::Bump);
         encode_checkpoints(&mut buf, [(&b"cdc"[..], &b"\x00\x01"[..])].into_iter());
-        encode_quarantine(&mut buf, &[QuarantineView { index: 3, event_id: b"e3", reason: b"conflicting_event" }]);
+        encode_quarantine(
+            &mut buf,
+            &[QuarantineView {
+                index: 3,
+                event_id: b"e3",
+                reason: b"conflicting_event",
+            }],
+        );
 
         let r = decode_batch(&buf).unwrap();
         assert_eq!(r.batch_id, b"B1");
-        assert_eq!((r.content_hash, r.committed_ms, r.counts), (0xabc, 1234, [1, 2, 3, 4, 5, 6, 7, 8]));
+        assert_eq!(
+            (r.content_hash, r.committed_ms, r.counts),
+            (0xabc, 1234, [1, 2, 3, 4, 5, 6, 7, 8])
+        );
         assert_eq!(r.seen, vec![(7, 9), (u128::MAX, u64::MAX)]);
         assert_eq!(r.writes.len(), 4);
-        let WriteView::Put { value, value_at } = r.writes[0].op else { panic!("put") };
-        assert_eq!((value, &buf[value_at..value_at + 2]), (&b"v1"[..], &b"v1"[..]));
-        let WriteView::Put { value, .. } = r.writes[1].op else { panic!("put") };
+        let WriteView::Put { value, value_at } = r.writes[0].op else {
+            panic!("put")
+        };
+        assert_eq!(
+            (value, &buf[value_at..value_at + 2]),
+            (&b"v1"[..], &b"v1"[..])
+        );
+        let WriteView::Put { value, .. } = r.writes[1].op else {
+            panic!("put")
+        };
         assert_eq!(value, b"-12");
         assert_eq!(r.writes[2].op, WriteView::Delete);
-        assert_eq!((r.writes[3].seq, r.writes[3].op), (u64::MAX, WriteView::Bump));
+        assert_eq!(
+            (r.writes[3].seq, r.writes[3].op),
+            (u64::MAX, WriteView::Bump)
+        );
         assert_eq!(r.checkpoints, vec![(&b"cdc"[..], &b"\x00\x01"[..])]);
         assert_eq!(r.quarantine[0].reason, b"conflicting_event");
 
         for cut in 0..buf.len() {
-            assert!(decode_batch(&buf[..cut]).is_err(), "prefix of {cut} bytes must not decode");
+            assert!(
+                decode_batch(&buf[..cut]).is_err(),
+                "prefix of {cut} bytes must not decode"
+            );
         }
     }
 }

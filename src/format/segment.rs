@@ -63,7 +63,10 @@ pub(crate) fn decode_segment_header(buf: &[u8], segment_id: u32) -> Result<(), &
     if h.get(MAGIC_AT..MAGIC_AT + 8) != Some(&SEGMENT_MAGIC[..]) {
         return Err("segment header has a bad magic number");
     }
-    let crc = crc32fast::hash(h.get(..HEADER_CRC_AT).ok_or("segment header is incomplete")?);
+    let crc = crc32fast::hash(
+        h.get(..HEADER_CRC_AT)
+            .ok_or("segment header is incomplete")?,
+    );
     if u32_at(h, HEADER_CRC_AT) != crc {
         return Err("segment header checksum mismatch");
     }
@@ -90,6 +93,7 @@ pub(crate) struct Frame {
 }
 
 /// Writes a frame header for `body` into `out` (exactly `FRAME_HEADER_LEN` bytes).
+#[expect(clippy::indexing_slicing, reason = "the length is asserted on entry")]
 pub(crate) fn encode_frame(out: &mut [u8], kind: u8, body: &[u8], segment_id: u32, offset: u32) {
     assert_eq!(out.len(), FRAME_HEADER_LEN, "frame header buffer size");
     let body_len = u32::try_from(body.len()).expect("record body fits in u32 (checked by caller)");
@@ -148,7 +152,10 @@ mod tests {
         let mut h = [0u8; FRAME_HEADER_LEN];
         encode_frame(&mut h, 1, b"body", 3, 96);
         let f = decode_frame(&h, 3, 96).unwrap();
-        assert_eq!((f.kind, f.body_len, f.body_crc), (1, 4, crc32fast::hash(b"body")));
+        assert_eq!(
+            (f.kind, f.body_len, f.body_crc),
+            (1, 4, crc32fast::hash(b"body"))
+        );
         assert!(decode_frame(&h, 3, 97).is_none());
         for i in 0..FRAME_HEADER_LEN {
             let mut bad = h;

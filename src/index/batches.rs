@@ -30,7 +30,9 @@ impl BatchRegistry {
 
     /// Registers a batch; the caller has checked that its id is new.
     pub(crate) fn insert(&mut self, entry: BatchEntry) {
-        let previous = self.by_id.insert(entry.batch_id.clone(), self.in_order.len());
+        let previous = self
+            .by_id
+            .insert(entry.batch_id.clone(), self.in_order.len());
         assert!(previous.is_none(), "batch id registered twice");
         self.id_bytes += entry.batch_id.len() as u64;
         self.in_order.push(entry);
@@ -46,7 +48,8 @@ impl BatchRegistry {
 
     /// Estimated heap bytes.
     pub(crate) fn memory_bytes(&self) -> u64 {
-        let per_entry = (std::mem::size_of::<BatchEntry>() + std::mem::size_of::<(Bytes, usize)>() * 2) as u64;
+        let per_entry =
+            (std::mem::size_of::<BatchEntry>() + std::mem::size_of::<(Bytes, usize)>() * 2) as u64;
         self.in_order.len() as u64 * per_entry + self.id_bytes
     }
 }

@@ -36,7 +36,10 @@ impl KeyIndex {
                 None
             }
         };
-        debug_assert!(old.is_none_or(|o| o.seq <= entry.seq), "key version went backwards");
+        debug_assert!(
+            old.is_none_or(|o| o.seq <= entry.seq),
+            "key version went backwards"
+        );
         let was_live = old.is_some_and(|o| o.value.is_some());
         match (was_live, entry.value.is_some()) {
             (false, true) => self.live += 1,
@@ -46,7 +49,10 @@ impl KeyIndex {
     }
 
     /// Live rows and tombstones whose key starts with `prefix`, in key order.
-    pub(crate) fn range_prefix<'a>(&'a self, prefix: &'a [u8]) -> impl Iterator<Item = (&'a [u8], KeyEntry)> + 'a {
+    pub(crate) fn range_prefix<'a>(
+        &'a self,
+        prefix: &'a [u8],
+    ) -> impl Iterator<Item = (&'a [u8], KeyEntry)> + 'a {
         self.map
             .range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
             .take_while(move |(k, _)| k.starts_with(prefix))

@@ -35,7 +35,12 @@ impl Index {
     ///
     /// Fails only if the record contradicts the index (a bump of a key with
     /// no live row), which recovery reports as corruption.
-    pub(crate) fn apply_record(&mut self, record: &BatchRecord<'_>, segment: u32, body_at: u32) -> Result<(), &'static str> {
+    pub(crate) fn apply_record(
+        &mut self,
+        record: &BatchRecord<'_>,
+        segment: u32,
+        body_at: u32,
+    ) -> Result<(), &'static str> {
         if self.batches.get(record.batch_id).is_some() {
             return Err("batch id committed twice");
         }
@@ -47,12 +52,29 @@ impl Index {
                         .and_then(|at| body_at.checked_add(at))
                         .ok_or("value offset out of range")?;
                     let len = u32::try_from(value.len()).map_err(|_| "value too long")?;
-                    KeyEntry { seq: w.seq, value: Some(ValueRef { segment, offset, len }) }
+                    KeyEntry {
+                        seq: w.seq,
+                        value: Some(ValueRef {
+                            segment,
+                            offset,
+                            len,
+                        }),
+                    }
                 }
-                WriteView::Delete => KeyEntry { seq: w.seq, value: None },
+                WriteView::Delete => KeyEntry {
+                    seq: w.seq,
+                    value: None,
+                },
                 WriteView::Bump => {
-                    let live = self.keys.get(w.key).and_then(|e| e.value).ok_or("version bump of a key with no live row")?;
-                    KeyEntry { seq: w.seq, value: Some(live) }
+                    let live = self
+                        .keys
+                        .get(w.key)
+                        .and_then(|e| e.value)
+                        .ok_or("version bump of a key with no live row")?;
+                    KeyEntry {
+                        seq: w.seq,
+                        value: Some(live),
+                    }
                 }
             };
             self.keys.set(w.key, entry);
@@ -61,7 +83,10 @@ impl Index {
             self.seen.insert(id, payload);
         }
         for &(source, position) in &record.checkpoints {
-            self.checkpoints.insert(Bytes::copy_from_slice(source), Bytes::copy_from_slice(position));
+            self.checkpoints.insert(
+                Bytes::copy_from_slice(source),
+                Bytes::copy_from_slice(position),
+            );
         }
         let batch_id = Bytes::copy_from_slice(record.batch_id);
         for q in &record.quarantine {

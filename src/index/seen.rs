@@ -70,7 +70,11 @@ impl SeenIndex {
         let lo = *self.dir.get(bucket)? as usize;
         let hi = *self.dir.get(bucket + 1)? as usize;
         let slice = self.run.get(lo..hi)?;
-        slice.binary_search_by(|e| e.id.cmp(&id)).ok().and_then(|i| slice.get(i)).map(|e| e.payload)
+        slice
+            .binary_search_by(|e| e.id.cmp(&id))
+            .ok()
+            .and_then(|i| slice.get(i))
+            .map(|e| e.payload)
     }
 
     /// Records `id`. The caller has checked that it is not seen yet.
@@ -96,19 +100,36 @@ impl SeenIndex {
     }
 
     fn bucket_of(&self, id: [u64; 2]) -> usize {
-        if self.dir_bits == 0 { 0 } else { (id[0] >> (64 - self.dir_bits)) as usize }
+        if self.dir_bits == 0 {
+            0
+        } else {
+            (id[0] >> (64 - self.dir_bits)) as usize
+        }
     }
 
     /// Moves the recent ids into the sorted run, in place from the back, and
     /// rebuilds the directory.
-    #[expect(clippy::indexing_slicing, reason = "indices are bounded by the merge loop's invariants")]
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "indices are bounded by the merge loop's invariants"
+    )]
     fn merge(&mut self) {
-        let mut fresh: Vec<Entry> = self.recent.drain().map(|(id, payload)| Entry { id, payload }).collect();
+        let mut fresh: Vec<Entry> = self
+            .recent
+            .drain()
+            .map(|(id, payload)| Entry { id, payload })
+            .collect();
         self.recent.shrink_to(RECENT_MIN);
         fresh.sort_unstable();
         let old_len = self.run.len();
         self.run.reserve_exact(fresh.len());
-        self.run.resize(old_len + fresh.len(), Entry { id: [0, 0], payload: 0 });
+        self.run.resize(
+            old_len + fresh.len(),
+            Entry {
+                id: [0, 0],
+                payload: 0,
+            },
+        );
         // Merge from the back so that no entry of the old run is overwritten
         // before it is moved: the write cursor never passes the read cursor.
         let (mut i, mut j, mut w) = (old_len, fresh.len(), self.run.len());
@@ -138,19 +159,40 @@ impl SeenIndex {
             while self.run.get(at).is_some_and(|e| self.bucket_of(e.id) < b) {
                 at += 1;
             }
-            self.dir.push(u32::try_from(at).expect("seen ids fit in u32 indices"));
+            self.dir
+                .push(u32::try_from(at).expect("seen ids fit in u32 indices"));
         }
-        self.dir.push(u32::try_from(self.run.len()).expect("seen ids fit in u32 indices"));
+        self.dir
+            .push(u32::try_from(self.run.len()).expect("seen ids fit in u32 indices"));
     }
 
     /// Checks the invariants in the module doc (O(n): tests and debug builds).
+    #[expect(clippy::indexing_slicing, reason = "windows(2) yields slices of two")]
     pub(crate) fn check_invariants(&self) {
-        assert!(self.run.windows(2).all(|w| w[0].id < w[1].id), "run sorted and unique");
-        assert!(self.recent.keys().all(|id| self.run.binary_search_by(|e| e.id.cmp(id)).is_err()), "recent and run disjoint");
-        assert_eq!(self.dir.len(), (1usize << self.dir_bits) + 1, "directory size");
+        assert!(
+            self.run.windows(2).all(|w| w[0].id < w[1].id),
+            "run sorted and unique"
+        );
+        assert!(
+            self.recent
+                .keys()
+                .all(|id| self.run.binary_search_by(|e| e.id.cmp(id)).is_err()),
+            "recent and run disjoint"
+        );
+        assert_eq!(
+            self.dir.len(),
+            (1usize << self.dir_bits) + 1,
+            "directory size"
+        );
         for (b, w) in self.dir.windows(2).enumerate() {
-            let bucket = self.run.get(w[0] as usize..w[1] as usize).expect("directory ranges inside the run");
-            assert!(bucket.iter().all(|e| self.bucket_of(e.id) == b), "entries in their bucket");
+            let bucket = self
+                .run
+                .get(w[0] as usize..w[1] as usize)
+                .expect("directory ranges inside the run");
+            assert!(
+                bucket.iter().all(|e| self.bucket_of(e.id) == b),
+                "entries in their bucket"
+            );
         }
     }
 }

@@ -26,8 +26,17 @@ mod tests {
     fn names_round_trip_and_sort_in_log_order() {
         assert_eq!(segment_file_name(12), "0000000012.seg");
         assert_eq!(parse_segment_file_name("0000000012.seg"), Some(12));
-        assert_eq!(parse_segment_file_name(&segment_file_name(u32::MAX)), Some(u32::MAX));
-        for bad in ["12.seg", "000000001a.seg", "0000000012.log", "LOCK", "0000000012.seg.tmp"] {
+        assert_eq!(
+            parse_segment_file_name(&segment_file_name(u32::MAX)),
+            Some(u32::MAX)
+        );
+        for bad in [
+            "12.seg",
+            "000000001a.seg",
+            "0000000012.log",
+            "LOCK",
+            "0000000012.seg.tmp",
+        ] {
             assert_eq!(parse_segment_file_name(bad), None, "{bad}");
         }
         assert!(segment_file_name(9) < segment_file_name(10));

@@ -47,7 +47,12 @@ pub(crate) struct SegmentReader<'a> {
 impl<'a> SegmentReader<'a> {
     /// A reader over a segment whose header the caller has already checked.
     pub(crate) fn new(map: &'a [u8], segment_id: u32) -> Self {
-        Self { map, segment_id, pos: SEGMENT_HEADER_LEN, done: false }
+        Self {
+            map,
+            segment_id,
+            pos: SEGMENT_HEADER_LEN,
+            done: false,
+        }
     }
 
     /// Offset just after the last record returned.
@@ -69,7 +74,11 @@ impl<'a> SegmentReader<'a> {
     fn bad(&mut self, reason: &'static str, may_be_tail: bool) -> BadRecord {
         self.done = true;
         let is_tail = may_be_tail && !self.has_frame_after(self.pos);
-        BadRecord { offset: self.pos as u64, reason, is_tail }
+        BadRecord {
+            offset: self.pos as u64,
+            reason,
+            is_tail,
+        }
     }
 }
 
@@ -91,7 +100,11 @@ impl<'a> Iterator for SegmentReader<'a> {
         let body_len = frame.body_len as usize;
         let Some(body) = self.map.get(body_at..body_at.saturating_add(body_len)) else {
             self.done = true;
-            return Some(Err(BadRecord { offset: self.pos as u64, reason: "incomplete record body", is_tail: true }));
+            return Some(Err(BadRecord {
+                offset: self.pos as u64,
+                reason: "incomplete record body",
+                is_tail: true,
+            }));
         };
         if crc32fast::hash(body) != frame.body_crc {
             return Some(Err(self.bad("record body checksum mismatch", true)));
@@ -102,7 +115,11 @@ impl<'a> Iterator for SegmentReader<'a> {
         let Some(body_at_u32) = frame.offset.checked_add(FRAME_HEADER_LEN as u32) else {
             return Some(Err(self.bad("record beyond 4 GiB", false)));
         };
-        let record = RecordRef { offset: frame.offset, body_at: body_at_u32, body };
+        let record = RecordRef {
+            offset: frame.offset,
+            body_at: body_at_u32,
+            body,
+        };
         self.pos = body_at + body_len;
         Some(Ok(record))
     }

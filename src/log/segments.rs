@@ -49,7 +49,10 @@ fn corruption(segment: u32, offset: u64, reason: &str) -> Error {
 
 impl SegmentMaps {
     pub(crate) fn new(reserve: u64) -> Self {
-        Self { reserve, maps: RwLock::new(HashMap::new()) }
+        Self {
+            reserve,
+            maps: RwLock::new(HashMap::new()),
+        }
     }
 
     /// Registers a segment with a map of it.
@@ -66,10 +69,10 @@ impl SegmentMaps {
 
     /// A map of `segment` covering at least `end` bytes.
     fn map_covering(&self, segment: u32, end: usize) -> Result<Bytes> {
-        if let Some(m) = self.maps.read().get(&segment) {
-            if m.map.len() >= end {
-                return Ok(m.map.clone());
-            }
+        if let Some(m) = self.maps.read().get(&segment)
+            && m.map.len() >= end
+        {
+            return Ok(m.map.clone());
         }
         let mut maps = self.maps.write();
         let m = maps
@@ -77,7 +80,10 @@ impl SegmentMaps {
             .ok_or_else(|| corruption(segment, end as u64, "value refers to a missing segment"))?;
         if m.map.len() < end {
             let file_name = segment_file_name(segment);
-            m.map = m.file.map(self.reserve).map_err(|e| Error::io("map", file_name, e))?;
+            m.map = m
+                .file
+                .map(self.reserve)
+                .map_err(|e| Error::io("map", file_name, e))?;
         }
         Ok(m.map.clone())
     }
@@ -85,17 +91,29 @@ impl SegmentMaps {
     /// Reads a value and checks its CRC. Corrupt bytes are never returned.
     pub(crate) fn read(&self, value: ValueRef) -> Result<Bytes> {
         let at = value.offset as usize;
-        let start = at
-            .checked_sub(4)
-            .ok_or_else(|| corruption(value.segment, u64::from(value.offset), "value offset before its checksum"))?;
+        let start = at.checked_sub(4).ok_or_else(|| {
+            corruption(
+                value.segment,
+                u64::from(value.offset),
+                "value offset before its checksum",
+            )
+        })?;
         let end = at + value.len as usize;
         let map = self.map_covering(value.segment, end)?;
         let (Some(crc), Some(bytes)) = (map.get(start..at), map.get(at..end)) else {
-            return Err(corruption(value.segment, u64::from(value.offset), "value beyond the end of its segment"));
+            return Err(corruption(
+                value.segment,
+                u64::from(value.offset),
+                "value beyond the end of its segment",
+            ));
         };
         let crc = u32::from_le_bytes(crc.try_into().expect("four bytes"));
         if crc32fast::hash(bytes) != crc {
-            return Err(corruption(value.segment, start as u64, "value checksum mismatch"));
+            return Err(corruption(
+                value.segment,
+                start as u64,
+                "value checksum mismatch",
+            ));
         }
         Ok(map.slice(at..end))
     }

@@ -14,16 +14,27 @@ use std::sync::Arc;
 
 use super::names::segment_file_name;
 use crate::error::{Error, Result};
-use crate::format::segment::{FRAME_HEADER_LEN, SEGMENT_HEADER_LEN, encode_frame, encode_segment_header};
+use crate::format::segment::{
+    FRAME_HEADER_LEN, SEGMENT_HEADER_LEN, encode_frame, encode_segment_header,
+};
 use crate::storage::{OpenMode, Storage, StorageFile};
 
 /// Creates segment `id` with its header, durably (file and directory synced).
-pub(crate) fn create_segment(storage: &dyn Storage, dir: &Path, id: u32) -> Result<Arc<dyn StorageFile>> {
+pub(crate) fn create_segment(
+    storage: &dyn Storage,
+    dir: &Path,
+    id: u32,
+) -> Result<Arc<dyn StorageFile>> {
     let path = dir.join(segment_file_name(id));
-    let file = storage.open(&path, OpenMode::CreateNew).map_err(|e| Error::io("create", &path, e))?;
-    file.append(&encode_segment_header(id)).map_err(|e| Error::io("write", &path, e))?;
+    let file = storage
+        .open(&path, OpenMode::CreateNew)
+        .map_err(|e| Error::io("create", &path, e))?;
+    file.append(&encode_segment_header(id))
+        .map_err(|e| Error::io("write", &path, e))?;
     file.sync_data().map_err(|e| Error::io("sync", &path, e))?;
-    storage.sync_dir(dir).map_err(|e| Error::io("sync directory", dir, e))?;
+    storage
+        .sync_dir(dir)
+        .map_err(|e| Error::io("sync directory", dir, e))?;
     Ok(file)
 }
 
@@ -61,8 +72,20 @@ impl LogWriter {
         active_id: u32,
         active_len: u64,
     ) -> Self {
-        assert!(active_len >= SEGMENT_HEADER_LEN as u64, "active segment has its header");
-        Self { dir, storage, segment_bytes_max, active, active_id, active_len, lsn: 0, buf: Vec::new() }
+        assert!(
+            active_len >= SEGMENT_HEADER_LEN as u64,
+            "active segment has its header"
+        );
+        Self {
+            dir,
+            storage,
+            segment_bytes_max,
+            active,
+            active_id,
+            active_len,
+            lsn: 0,
+            buf: Vec::new(),
+        }
     }
 
     /// Clears the buffer and returns it for encoding a record body.
@@ -91,13 +114,20 @@ impl LogWriter {
         let record_len = self.buf.len() as u64;
         let is_full = self.active_len + record_len > self.segment_bytes_max
             || self.active_len + record_len > u64::from(u32::MAX);
-        let new_segment = if is_full && self.active_len > SEGMENT_HEADER_LEN as u64 { Some(self.rotate()?) } else { None };
+        let new_segment = if is_full && self.active_len > SEGMENT_HEADER_LEN as u64 {
+            Some(self.rotate()?)
+        } else {
+            None
+        };
 
-        let offset = u32::try_from(self.active_len).expect("segment offsets fit in u32 (rotation keeps them so)");
+        let offset = u32::try_from(self.active_len)
+            .expect("segment offsets fit in u32 (rotation keeps them so)");
         let (header, body) = self.buf.split_at_mut(FRAME_HEADER_LEN);
         encode_frame(header, kind, body, self.active_id, offset);
         let path = || self.dir.join(segment_file_name(self.active_id));
-        self.active.append(&self.buf).map_err(|e| Error::io("append", path(), e))?;
+        self.active
+            .append(&self.buf)
+            .map_err(|e| Error::io("append", path(), e))?;
 
         self.active_len += record_len;
         self.lsn += record_len;
@@ -112,8 +142,16 @@ impl LogWriter {
     /// Seals the active segment and starts the next one.
     fn rotate(&mut self) -> Result<Arc<dyn StorageFile>> {
         let path = self.dir.join(segment_file_name(self.active_id));
-        self.active.sync_data().map_err(|e| Error::io("sync", &path, e))?;
-        let next_id = self.active_id.checked_add(1).ok_or_else(|| Error::io("rotate", &path, std::io::Error::other("segment ids exhausted")))?;
+        self.active
+            .sync_data()
+            .map_err(|e| Error::io("sync", &path, e))?;
+        let next_id = self.active_id.checked_add(1).ok_or_else(|| {
+            Error::io(
+                "rotate",
+                &path,
+                std::io::Error::other("segment ids exhausted"),
+            )
+        })?;
         let file = create_segment(self.storage.as_ref(), &self.dir, next_id)?;
         self.active = Arc::clone(&file);
         self.active_id = next_id;

@@ -63,7 +63,9 @@ impl GroupCommit {
     /// `Err(Poisoned)` once a write or sync has failed.
     pub(crate) fn check(&self) -> Result<()> {
         match &self.state.lock().poisoned {
-            Some(reason) => Err(Error::Poisoned { reason: reason.clone() }),
+            Some(reason) => Err(Error::Poisoned {
+                reason: reason.clone(),
+            }),
             None => Ok(()),
         }
     }
@@ -73,7 +75,9 @@ impl GroupCommit {
         let mut s = self.state.lock();
         loop {
             if let Some(reason) = &s.poisoned {
-                return Err(Error::Poisoned { reason: reason.clone() });
+                return Err(Error::Poisoned {
+                    reason: reason.clone(),
+                });
             }
             if s.durable >= lsn {
                 return Ok(());
@@ -83,7 +87,11 @@ impl GroupCommit {
                 continue;
             }
             let target = s.written;
-            let file = Arc::clone(s.file.as_ref().expect("a position was written before anyone waits for it"));
+            let file = Arc::clone(
+                s.file
+                    .as_ref()
+                    .expect("a position was written before anyone waits for it"),
+            );
             s.is_syncing = true;
             let synced = parking_lot::MutexGuard::unlocked(&mut s, || file.sync_data());
             s.is_syncing = false;

@@ -52,15 +52,21 @@ pub struct Store {
 
 impl fmt::Debug for Store {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Store").field("dir", &self.dir).finish_non_exhaustive()
+        f.debug_struct("Store")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
     }
 }
 
 fn lock_dir(storage: &dyn Storage, dir: &Path) -> Result<Box<dyn Any + Send + Sync>> {
-    storage.create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
+    storage
+        .create_dir_all(dir)
+        .map_err(|e| Error::io("create directory", dir, e))?;
     let path = dir.join(LOCK_FILE);
     storage.lock(&path).map_err(|e| match e.kind() {
-        io::ErrorKind::WouldBlock => Error::Locked { dir: dir.to_owned() },
+        io::ErrorKind::WouldBlock => Error::Locked {
+            dir: dir.to_owned(),
+        },
         _ => Error::io("lock", &path, e),
     })
 }
@@ -83,18 +89,26 @@ impl Store {
         let storage = Arc::clone(&options.storage);
         let lock = lock_dir(storage.as_ref(), &dir)?;
         let mut index = Index::default();
-        let (mut walk, torn_bytes_discarded) = recovery::recover(storage.as_ref(), &dir, &mut index)?;
+        let (mut walk, torn_bytes_discarded) =
+            recovery::recover(storage.as_ref(), &dir, &mut index)?;
         let reserve = options.segment_bytes_max.saturating_add(MAP_SLACK_BYTES);
         let maps = SegmentMaps::new(reserve);
 
         if walk.segments.is_empty() {
             let file = create_segment(storage.as_ref(), &dir, 1)?;
-            walk.segments.push(recovery::WalkedSegment { id: 1, file, valid_len: SEGMENT_HEADER_LEN as u64 });
+            walk.segments.push(recovery::WalkedSegment {
+                id: 1,
+                file,
+                valid_len: SEGMENT_HEADER_LEN as u64,
+            });
         }
         let last = walk.segments.len() - 1;
         for (i, s) in walk.segments.iter().enumerate() {
             let map_reserve = if i == last { reserve } else { 0 };
-            let map = s.file.map(map_reserve).map_err(|e| Error::io("map", dir.join(segment_file_name(s.id)), e))?;
+            let map = s
+                .file
+                .map(map_reserve)
+                .map_err(|e| Error::io("map", dir.join(segment_file_name(s.id)), e))?;
             maps.insert(s.id, Arc::clone(&s.file), map);
         }
         let active = walk.segments.pop().expect("at least one segment");
@@ -130,7 +144,13 @@ impl Store {
     pub fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<Record>> {
         let entry = self.index.read().keys.get(key.as_ref());
         match entry {
-            Some(KeyEntry { seq, value: Some(value) }) => Ok(Some(Record { seq, value: self.maps.read(value)? })),
+            Some(KeyEntry {
+                seq,
+                value: Some(value),
+            }) => Ok(Some(Record {
+                seq,
+                value: self.maps.read(value)?,
+            })),
             _ => Ok(None),
         }
     }
@@ -143,7 +163,10 @@ impl Store {
             .range_prefix(prefix.as_ref())
             .filter_map(|(k, e)| e.value.map(|v| (Bytes::copy_from_slice(k), e.seq, v)))
             .collect();
-        Scan { maps: &self.maps, rows: rows.into_iter() }
+        Scan {
+            maps: &self.maps,
+            rows: rows.into_iter(),
+        }
     }
 
     /// The position last committed for `source`.
@@ -156,7 +179,12 @@ impl Store {
 
     /// All checkpoints, by source.
     pub fn checkpoints(&self) -> Vec<(Bytes, Bytes)> {
-        self.index.read().checkpoints.iter().map(|(s, p)| (s.clone(), p.clone())).collect()
+        self.index
+            .read()
+            .checkpoints
+            .iter()
+            .map(|(s, p)| (s.clone(), p.clone()))
+            .collect()
     }
 
     /// The report a committed batch returned when it committed (`replayed` false).
@@ -164,7 +192,12 @@ impl Store {
     /// # Errors
     /// Infallible today; reserved for reads that touch the disk.
     pub fn batch(&self, batch_id: impl AsRef<[u8]>) -> Result<Option<BatchReport>> {
-        Ok(self.index.read().batches.get(batch_id.as_ref()).map(|e| e.report))
+        Ok(self
+            .index
+            .read()
+            .batches
+            .get(batch_id.as_ref())
+            .map(|e| e.report))
     }
 
     /// Every committed batch in commit order, with its report.
@@ -174,7 +207,11 @@ impl Store {
             .batches
             .in_order()
             .iter()
-            .map(|e| LogEntry { batch_id: e.batch_id.clone(), report: e.report, committed_ms: e.committed_ms })
+            .map(|e| LogEntry {
+                batch_id: e.batch_id.clone(),
+                report: e.report,
+                committed_ms: e.committed_ms,
+            })
             .collect()
     }
 
@@ -261,7 +298,11 @@ fn verify_report(walk: recovery::Walk) -> Result<VerifyReport> {
     for s in &walk.segments {
         bytes += s.valid_len;
     }
-    Ok(VerifyReport { segments: walk.segments.len() as u64, records: walk.records, bytes })
+    Ok(VerifyReport {
+        segments: walk.segments.len() as u64,
+        records: walk.records,
+        bytes,
+    })
 }
 
 /// Iterator over live rows in key order, from [`Store::scan_prefix`]. The
@@ -277,7 +318,11 @@ impl Iterator for Scan<'_> {
 
     fn next(&mut self) -> Option<Self::Item> {
         let (key, seq, value) = self.rows.next()?;
-        Some(self.maps.read(value).map(|value| (key, Record { seq, value })))
+        Some(
+            self.maps
+                .read(value)
+                .map(|value| (key, Record { seq, value })),
+        )
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {

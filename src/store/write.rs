@@ -14,7 +14,10 @@ use crate::log::names::segment_file_name;
 use crate::options::Durability;
 
 fn invalid_batch(batch: &Batch, reason: impl Into<String>) -> Error {
-    Error::InvalidBatch { batch_id: display_id(batch.id()), reason: reason.into() }
+    Error::InvalidBatch {
+        batch_id: display_id(batch.id()),
+        reason: reason.into(),
+    }
 }
 
 /// Checks what belongs to the batch as a whole.
@@ -23,14 +26,23 @@ fn validate(batch: &Batch) -> Result<()> {
         return Err(invalid_batch(batch, "empty batch id"));
     }
     if batch.id().len() > ID_BYTES_MAX {
-        return Err(invalid_batch(batch, format!("batch id longer than {ID_BYTES_MAX} bytes")));
+        return Err(invalid_batch(
+            batch,
+            format!("batch id longer than {ID_BYTES_MAX} bytes"),
+        ));
     }
     for (source, position) in batch.checkpoints() {
         if source.is_empty() || source.len() > ID_BYTES_MAX {
-            return Err(invalid_batch(batch, format!("checkpoint source must be 1 to {ID_BYTES_MAX} bytes")));
+            return Err(invalid_batch(
+                batch,
+                format!("checkpoint source must be 1 to {ID_BYTES_MAX} bytes"),
+            ));
         }
         if position.len() > POSITION_BYTES_MAX {
-            return Err(invalid_batch(batch, format!("checkpoint position longer than {POSITION_BYTES_MAX} bytes")));
+            return Err(invalid_batch(
+                batch,
+                format!("checkpoint position longer than {POSITION_BYTES_MAX} bytes"),
+            ));
         }
     }
     Ok(())
@@ -72,9 +84,14 @@ impl Store {
             let index = self.index.read();
             if let Some(committed) = index.batches.get(batch.id()) {
                 if committed.content_hash != content_hash {
-                    return Err(Error::BatchConflict { batch_id: display_id(batch.id()) });
+                    return Err(Error::BatchConflict {
+                        batch_id: display_id(batch.id()),
+                    });
                 }
-                let report = BatchReport { replayed: true, ..committed.report };
+                let report = BatchReport {
+                    replayed: true,
+                    ..committed.report
+                };
                 drop(index);
                 // The original may still be waiting for its sync.
                 let lsn = self.commit.written_lsn();
@@ -82,36 +99,73 @@ impl Store {
                 self.wait_durable(lsn)?;
                 return Ok(report);
             }
-            let options = PlanOptions { on_conflict: self.options.on_conflict, value_bytes_max: self.options.value_bytes_max };
-            plan(batch, &hashes, &PlanView { index: &index, maps: &self.maps }, options)?
+            let options = PlanOptions {
+                on_conflict: self.options.on_conflict,
+                value_bytes_max: self.options.value_bytes_max,
+            };
+            plan(
+                batch,
+                &hashes,
+                &PlanView {
+                    index: &index,
+                    maps: &self.maps,
+                },
+                options,
+            )?
         };
 
         let committed_ms = self.options.clock.now_ms();
         let buf = writer.begin();
-        record::encode_batch_head(buf, batch.id(), content_hash, committed_ms, planned.report.counts());
+        record::encode_batch_head(
+            buf,
+            batch.id(),
+            content_hash,
+            committed_ms,
+            planned.report.counts(),
+        );
         record::encode_seen(buf, &planned.seen);
         record::encode_writes_count(buf, planned.writes.len());
         for w in &planned.writes {
             record::encode_write(buf, w.key, w.seq, w.op);
         }
-        record::encode_checkpoints(buf, batch.checkpoints().iter().map(|(s, p)| (&s[..], &p[..])));
+        record::encode_checkpoints(
+            buf,
+            batch.checkpoints().iter().map(|(s, p)| (&s[..], &p[..])),
+        );
         let rejects: Vec<QuarantineView<'_>> = planned
             .rejects
             .iter()
-            .map(|r| QuarantineView { index: r.index, event_id: r.event_id, reason: r.reason.as_bytes() })
+            .map(|r| QuarantineView {
+                index: r.index,
+                event_id: r.event_id,
+                reason: r.reason.as_bytes(),
+            })
             .collect();
         record::encode_quarantine(buf, &rejects);
         if writer.body().len() > RECORD_BODY_BYTES_MAX {
-            return Err(invalid_batch(batch, format!("record of {} bytes exceeds {RECORD_BODY_BYTES_MAX}", writer.body().len())));
+            return Err(invalid_batch(
+                batch,
+                format!(
+                    "record of {} bytes exceeds {RECORD_BODY_BYTES_MAX}",
+                    writer.body().len()
+                ),
+            ));
         }
 
-        let appended = writer.append(KIND_BATCH).inspect_err(|e| self.commit.poison(format!("append failed: {e}")))?;
+        let appended = writer
+            .append(KIND_BATCH)
+            .inspect_err(|e| self.commit.poison(format!("append failed: {e}")))?;
         if let Some(file) = &appended.new_segment {
             // Rotation synced the sealed segment: all before this record is durable.
-            self.commit.durable(appended.lsn_end - (writer.body().len() + crate::format::segment::FRAME_HEADER_LEN) as u64);
+            self.commit.durable(
+                appended.lsn_end
+                    - (writer.body().len() + crate::format::segment::FRAME_HEADER_LEN) as u64,
+            );
             let map = file
                 .map(self.maps_reserve())
-                .map_err(|e| Error::io("map", self.dir.join(segment_file_name(appended.segment)), e))
+                .map_err(|e| {
+                    Error::io("map", self.dir.join(segment_file_name(appended.segment)), e)
+                })
                 .inspect_err(|e| self.commit.poison(format!("map failed: {e}")))?;
             self.maps.insert(appended.segment, Arc::clone(file), map);
         }
@@ -135,6 +189,8 @@ impl Store {
     }
 
     fn maps_reserve(&self) -> u64 {
-        self.options.segment_bytes_max.saturating_add(super::MAP_SLACK_BYTES)
+        self.options
+            .segment_bytes_max
+            .saturating_add(super::MAP_SLACK_BYTES)
     }
 }
