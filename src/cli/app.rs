@@ -80,7 +80,7 @@ fn is_broken_pipe(err: &anyhow::Error) -> bool {
 
 fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<()> {
     match command {
-        Command::Ingest(args) => ingest_command(args, out),
+        Command::Ingest(args) => ingest_command(*args, out),
         Command::Get(args) => inspect::get(&open_existing(&args.store.store)?, &args.key, out),
         Command::Scan(args) => inspect::scan(
             &open_existing(&args.store.store)?,

@@ -15,7 +15,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Apply NDJSON events from FILE (or `-` for stdin) in resumable batches.
-    Ingest(IngestArgs),
+    Ingest(Box<IngestArgs>),
     /// Print a key's row as JSON {"key","seq","value"}; exit 1 if absent.
     Get(GetArgs),
     /// Print live rows in key order.
@@ -155,7 +155,12 @@ pub struct MappingArgs {
     #[arg(long, default_value = "event_id", value_name = "FIELD")]
     pub id_field: String,
     /// Field(s) forming the key; several (comma-separated or repeated) are joined.
-    #[arg(long, default_value = "key", value_delimiter = ',', value_name = "FIELD")]
+    #[arg(
+        long,
+        default_value = "key",
+        value_delimiter = ',',
+        value_name = "FIELD"
+    )]
     pub key_field: Vec<String>,
     /// Joins the fields of a composite key.
     #[arg(long, default_value = "/", value_name = "TEXT")]

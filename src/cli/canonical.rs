@@ -1,14 +1,15 @@
 //! Canonical JSON: the one spelling of a JSON value that idemkv stores.
 //!
-//! - object keys sorted by their UTF-8 bytes, each key once;
+//! - object keys sorted by their UTF-8 bytes, each key once (a key repeated
+//!   in the input keeps its last value, as serde_json parses it);
 //! - no whitespace outside strings;
 //! - strings escaped minimally: `"`, `\` and control characters only (as
 //!   `\n`, `\t`, `\r`, `\b`, `\f` or `\u00XX`), everything else as UTF-8, so
 //!   `"\u00e9"` and `"é"` are the same value;
 //! - numbers as serde_json represents them: integers that fit `i64`/`u64`
 //!   print as integers, every other number as the shortest `f64` that
-//!   round-trips. So `1.50` and `1.5` are one value, `1e2` becomes `100.0`,
-//!   and `1` and `1.0` stay different values.
+//!   round-trips. So `1.50` and `1.5` are one value, `1e2` becomes `100.0`
+//!   and `-0` becomes `-0.0`, while `1` and `1.0` stay different values.
 //!
 //! Pure: no I/O. Keys are sorted here rather than relying on the order of
 //! serde_json's map, which another crate could change by switching on
@@ -109,7 +110,9 @@ mod tests {
     #[test]
     fn object_keys_are_sorted_and_whitespace_dropped() {
         assert_eq!(
-            canon(r#" { "qty" : 2, "amount_cents":1998, "a": {"z":1,"b":[1, 2 ,{"y":null,"x":true}]} } "#),
+            canon(
+                r#" { "qty" : 2, "amount_cents":1998, "a": {"z":1,"b":[1, 2 ,{"y":null,"x":true}]} } "#
+            ),
             r#"{"a":{"b":[1,2,{"x":true,"y":null}],"z":1},"amount_cents":1998,"qty":2}"#
         );
     }
@@ -124,7 +127,7 @@ mod tests {
     fn numbers_keep_serde_json_representation() {
         assert_eq!(canon("1.50"), "1.5");
         assert_eq!(canon("1e2"), "100.0");
-        assert_eq!(canon("-0"), "0");
+        assert_eq!(canon("-0"), "-0.0");
         assert_eq!(canon("18446744073709551615"), "18446744073709551615");
         assert_eq!(canon("-9223372036854775808"), "-9223372036854775808");
         assert_ne!(canon("1"), canon("1.0"));

@@ -217,7 +217,10 @@ pub fn ingest(
             progress.set_message(format!("{} lines", run.summary.lines));
         }
         let Some(follow) = options.follow else { break };
-        if follow.idle_exit.is_some_and(|idle| last_data.elapsed() >= idle) {
+        if follow
+            .idle_exit
+            .is_some_and(|idle| last_data.elapsed() >= idle)
+        {
             break;
         }
         if let Some(file) = &opened.probe {
@@ -261,8 +264,7 @@ fn open_input(store: &Store, input: &Input, options: &IngestOptions) -> anyhow::
         }
         Input::File(path) => path,
     };
-    let mut file =
-        File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let metadata = file
         .metadata()
         .with_context(|| format!("cannot stat {}", path.display()))?;
@@ -469,7 +471,8 @@ impl Run<'_> {
             Error::ConflictingEvent {
                 index, event_id, ..
             } => {
-                let line_no = line(*index).map_or_else(|| "?".to_owned(), |l| l.line_no.to_string());
+                let line_no =
+                    line(*index).map_or_else(|| "?".to_owned(), |l| l.line_no.to_string());
                 anyhow!(
                     "line {line_no}: event_id {} was already seen with another payload (conflicting event); {not_committed}",
                     string_literal(event_id)

@@ -143,10 +143,7 @@ pub fn stats(store: &Store, json: bool, out: &mut dyn Write) -> anyhow::Result<(
     writeln!(
         out,
         "{:<14}keys {}  seen {}  batches {}",
-        "index bytes",
-        stats.index_bytes.keys,
-        stats.index_bytes.seen,
-        stats.index_bytes.batches
+        "index bytes", stats.index_bytes.keys, stats.index_bytes.seen, stats.index_bytes.batches
     )?;
     Ok(())
 }

@@ -294,11 +294,14 @@ mod tests {
             put.op,
             Op::Put(Bytes::from_static(br#"{"amount_cents":1998,"qty":2}"#))
         );
-        let delete = parse("{\"event_id\":\"e204\",\"key\":\"O1005/2\",\"seq\":204,\"op\":\"delete\"}\r\n")
-            .expect("valid delete");
+        let delete =
+            parse("{\"event_id\":\"e204\",\"key\":\"O1005/2\",\"seq\":204,\"op\":\"delete\"}\r\n")
+                .expect("valid delete");
         assert_eq!(delete.op, Op::Delete);
-        let add = parse(r#"{"event_id":"e300","key":"visits/2026-09-21","seq":300,"op":"add","delta":-5}"#)
-            .expect("valid add");
+        let add = parse(
+            r#"{"event_id":"e300","key":"visits/2026-09-21","seq":300,"op":"add","delta":-5}"#,
+        )
+        .expect("valid add");
         assert_eq!(add.op, Op::Add(-5));
     }
 
@@ -336,8 +339,11 @@ mod tests {
             &mapping,
         )
         .expect("valid");
-        let c = parse_line(br#"{"key":"k","seq":2,"op":"put","value":{"a":2,"b":1}}"#, &mapping)
-            .expect("valid");
+        let c = parse_line(
+            br#"{"key":"k","seq":2,"op":"put","value":{"a":2,"b":1}}"#,
+            &mapping,
+        )
+        .expect("valid");
         assert_eq!(a.event_id, b.event_id);
         assert_ne!(a.event_id, c.event_id);
         assert_eq!(a.event_id.len(), 32);
@@ -351,20 +357,31 @@ mod tests {
         let err = parse(r#"{"event_id":"e9","key":"k","seq":-1,"op":"put","value":1}"#)
             .expect_err("negative seq");
         assert!(err.reason.contains("\"seq\""), "{err}");
-        let err = parse(r#"{"event_id":"e9","key":"k","seq":1,"op":"upsert"}"#).expect_err("bad op");
+        let err =
+            parse(r#"{"event_id":"e9","key":"k","seq":1,"op":"upsert"}"#).expect_err("bad op");
         assert!(err.reason.contains("upsert"), "{err}");
         let err = parse(r#"{"event_id":"e9","key":"k","seq":1,"op":"add","delta":1.5}"#)
             .expect_err("bad delta");
         assert!(err.reason.contains("\"delta\""), "{err}");
-        let err = parse(r#"{"event_id":"","key":"k","seq":1,"op":"delete"}"#).expect_err("empty id");
+        let err =
+            parse(r#"{"event_id":"","key":"k","seq":1,"op":"delete"}"#).expect_err("empty id");
         assert_eq!(err.event_id, None);
-        let err = parse(r#"{"event_id":"e1","key":"","seq":1,"op":"delete"}"#).expect_err("empty key");
+        let err =
+            parse(r#"{"event_id":"e1","key":"","seq":1,"op":"delete"}"#).expect_err("empty key");
         assert!(err.reason.contains("empty"), "{err}");
     }
 
     #[test]
     fn junk_is_an_error_not_a_panic() {
-        for line in [&b""[..], b"{", b"[1,2]", b"\xff\xfe", b"null", b"{\"event_id\":{}}", b"12"] {
+        for line in [
+            &b""[..],
+            b"{",
+            b"[1,2]",
+            b"\xff\xfe",
+            b"null",
+            b"{\"event_id\":{}}",
+            b"12",
+        ] {
             assert!(parse_line(line, &FieldMapping::default()).is_err());
         }
         let err = parse(r#"{"event_id": "e1", "key": }"#).expect_err("bad json");

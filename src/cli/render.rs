@@ -114,7 +114,10 @@ mod tests {
             seq: 7,
             value: bytes::Bytes::from_static(b"-12"),
         };
-        assert_eq!(row_json(b"visits", &counter), r#"{"key":"visits","seq":7,"value":-12}"#);
+        assert_eq!(
+            row_json(b"visits", &counter),
+            r#"{"key":"visits","seq":7,"value":-12}"#
+        );
         let put = Record {
             seq: 201,
             value: bytes::Bytes::from_static(br#"{"qty":2,"amount_cents":1998}"#),
@@ -127,7 +130,10 @@ mod tests {
             seq: 1,
             value: bytes::Bytes::from_static(b"not json\xff"),
         };
-        assert_eq!(row_json(b"k", &raw), r#"{"key":"k","seq":1,"value":"not json\\xff"}"#);
+        assert_eq!(
+            row_json(b"k", &raw),
+            r#"{"key":"k","seq":1,"value":"not json\\xff"}"#
+        );
     }
 
     #[test]
