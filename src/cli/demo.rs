@@ -11,17 +11,20 @@ use indicatif::ProgressBar;
 
 use crate::cli::ingest::{BATCH_BYTES_MAX, IngestOptions, IngestSummary, Input, ingest};
 use crate::cli::ndjson::{FieldMapping, parse_line};
-use crate::cli::render::{COUNT_NAMES, bytes_text, json_line, value_json};
-use crate::{Batch, BatchReport, Options, Store};
+use crate::cli::render::{bytes_text, json_line, value_json};
+use crate::{Batch, BatchReport, Error, Options, Store};
 
 /// The sample file shipped in `examples/`, also used by the crash part.
 pub const ORDERS_NDJSON: &str = include_str!("../../examples/orders.ndjson");
 
-/// One step of the story: a batch id, what it shows, and its NDJSON lines.
+/// One step of the story: a batch id, what it shows, its NDJSON lines and the
+/// position of the `story` source it commits (a batch's checkpoint is part of
+/// its content, so a redelivered batch carries its first checkpoint again).
 struct Step {
     batch_id: &'static str,
     title: &'static str,
     lines: &'static [&'static str],
+    checkpoint: u64,
 }
 
 const FIRST: &[&str] = &[
@@ -37,25 +40,29 @@ const STEPS: &[Step] = &[
         batch_id: "story-1",
         title: "first delivery (e101 twice in the batch)",
         lines: FIRST,
+        checkpoint: 1,
     },
     Step {
         batch_id: "story-1",
         title: "batch story-1 delivered again",
         lines: FIRST,
+        checkpoint: 1,
     },
     Step {
         batch_id: "story-1-retry",
         title: "all of it again under a new batch id",
         lines: FIRST,
+        checkpoint: 1,
     },
     Step {
         batch_id: "story-2",
-        title: "newer O1001/1, O1003/1 respelled, late e099",
+        title: "newer O1001/1, respelled O1003/1, old e099",
         lines: &[
             r#"{"event_id":"e104","key":"O1001/1","seq":204,"op":"put","value":{"qty":3,"amount_cents":2997}}"#,
             r#"{"event_id":"e105","key":"O1003/1","seq":205,"op":"put","value":{ "amount_cents": 2500, "qty": 5 }}"#,
             r#"{"event_id":"e099","key":"O1001/1","seq":199,"op":"put","value":{"qty":1,"amount_cents":999}}"#,
         ],
+        checkpoint: 2,
     },
     Step {
         batch_id: "story-3",
@@ -65,6 +72,7 @@ const STEPS: &[Step] = &[
             r#"{"event_id":"e106","key":"O1002/1","seq":206,"op":"delete"}"#,
             r#"{"event_id":"e100","key":"O1002/1","seq":200,"op":"put","value":{"qty":9,"amount_cents":4500}}"#,
         ],
+        checkpoint: 3,
     },
     Step {
         batch_id: "story-4",
@@ -73,18 +81,20 @@ const STEPS: &[Step] = &[
             r#"{"event_id":"e300","key":"visits/2026-09-21","seq":300,"op":"add","delta":5}"#,
             r#"{"event_id":"e301","key":"visits/2026-09-21","seq":301,"op":"add","delta":2}"#,
         ],
+        checkpoint: 4,
     },
     Step {
         batch_id: "story-5",
-        title: "e102 again, with another value",
+        title: "delete O1003/1, and e102 with another value",
         lines: &[
             r#"{"event_id":"e107","key":"O1003/1","seq":207,"op":"delete"}"#,
             r#"{"event_id":"e102","key":"O1002/1","seq":202,"op":"put","value":{"qty":8}}"#,
         ],
+        checkpoint: 5,
     },
 ];
 
-const TITLE_WIDTH: usize = 46;
+const TITLE_WIDTH: usize = 44;
 const SHORT_NAMES: [&str; 8] = ["ins", "upd", "same", "stale", "dup", "del", "add", "rej"];
 
 /// Runs the demo, writing its story to `out`.
@@ -123,42 +133,42 @@ fn story(dir: &Path, out: &mut dyn Write) -> anyhow::Result<()> {
                 .map_err(|err| anyhow!("built-in line {line}: {err}"))?;
             batch.push_delivery(delivery);
         }
-        batch.set_checkpoint("story", number.to_string());
+        batch.set_checkpoint("story", step.checkpoint.to_string());
         let title = format!("{number} {}", step.title);
         match store.apply_batch(&batch) {
-            Ok(report) => {
-                write_counts(out, &title, &report)?;
-                if report.replayed {
-                    writeln!(out, "  replayed: same id, same content, no-op")?;
-                } else {
-                    writeln!(out)?;
-                }
-            }
+            Ok(report) if report.replayed => writeln!(
+                out,
+                "{title:<TITLE_WIDTH$} replayed: no-op, returns its first report"
+            )?,
+            Ok(report) => write_counts(out, &title, &report)?,
             Err(err) => {
                 let checkpoint = store
                     .checkpoint("story")?
                     .map_or_else(|| "none".to_owned(), |c| bytes_text(&c));
+                let why = match &err {
+                    Error::ConflictingEvent { event_id, .. } => {
+                        format!(
+                            "{event_id:?} was seen with another payload (e107 not applied either)"
+                        )
+                    }
+                    other => other.to_string(),
+                };
                 writeln!(out, "{title:<TITLE_WIDTH$} refused, nothing applied:")?;
-                writeln!(out, "  {err}")?;
-                writeln!(
-                    out,
-                    "  (e107's delete was not applied; checkpoint stays at {checkpoint})"
-                )?;
+                writeln!(out, "  {why}; checkpoint stays {checkpoint}")?;
             }
         }
     }
-    write!(out, "state:")?;
+    writeln!(out, "state after the story (key, seq, value):")?;
     for row in store.scan_prefix("") {
         let (key, record) = row?;
-        write!(
+        writeln!(
             out,
-            " {}@{}={}",
+            "  {:<20} {:>4}  {}",
             bytes_text(&key),
             record.seq,
             json_line(&value_json(&record.value))
         )?;
     }
-    writeln!(out)?;
     Ok(())
 }
 
@@ -167,6 +177,7 @@ fn write_counts(out: &mut dyn Write, title: &str, report: &BatchReport) -> anyho
     for (name, count) in SHORT_NAMES.iter().zip(report.counts()) {
         write!(out, " {count:>width$}", width = name.len())?;
     }
+    writeln!(out)?;
     Ok(())
 }
 
@@ -177,7 +188,7 @@ fn crash_and_resume(dir: &Path, out: &mut dyn Write) -> anyhow::Result<()> {
     let lines = ORDERS_NDJSON.lines().count();
     writeln!(
         out,
-        "crash test: examples/orders.ndjson ({lines} lines) ingested in batches of 4"
+        "crash test: examples/orders.ndjson ({lines} lines) in batches of 4 lines, twice"
     )?;
     let input = Input::File(file);
     let ingest_up_to = |store: &Store, max_batches: Option<u64>| -> anyhow::Result<IngestSummary> {
@@ -199,7 +210,7 @@ fn crash_and_resume(dir: &Path, out: &mut dyn Write) -> anyhow::Result<()> {
     let clean_digest = clean.digest()?;
     writeln!(
         out,
-        "  uninterrupted: {} batches, {}",
+        "  run A, uninterrupted: {} batches ({})",
         summary.batches,
         short_counts(&summary.totals)
     )?;
@@ -224,11 +235,11 @@ fn crash_and_resume(dir: &Path, out: &mut dyn Write) -> anyhow::Result<()> {
                 .with_context(|| format!("cannot truncate {}", name_after.display()))?;
             writeln!(
                 out,
-                "  interrupted: 2 batches, then a crash in the middle of writing batch 3 (bytes {}..{})",
+                "  run B: 2 batches, then a crash midway through writing batch 3 (bytes {}..{})",
                 third.start, third.checkpoint
             )?;
         }
-        _ => writeln!(out, "  interrupted: 3 batches, then a crash")?,
+        _ => writeln!(out, "  run B: 3 batches, then a crash")?,
     }
     let store = Store::open(&crash_dir, Options::default())?;
     let reopened_at = store
@@ -238,7 +249,7 @@ fn crash_and_resume(dir: &Path, out: &mut dyn Write) -> anyhow::Result<()> {
     let resumed_digest = store.digest()?;
     writeln!(
         out,
-        "  reopened at checkpoint {reopened_at}, resumed: {} more batches",
+        "  run B reopened: the torn batch is gone, checkpoint {reopened_at}; resumed {} more batches",
         resumed.batches
     )?;
     let verdict = if clean_digest == resumed_digest {
@@ -246,8 +257,8 @@ fn crash_and_resume(dir: &Path, out: &mut dyn Write) -> anyhow::Result<()> {
     } else {
         "DIFFERENT: convergence failed"
     };
-    writeln!(out, "  digest uninterrupted {clean_digest}")?;
-    writeln!(out, "  digest interrupted   {resumed_digest}  {verdict}")?;
+    writeln!(out, "  digest A {clean_digest}")?;
+    writeln!(out, "  digest B {resumed_digest}  {verdict}")?;
     if clean_digest != resumed_digest {
         return Err(anyhow!(
             "digests differ after crash and resume: {clean_digest} vs {resumed_digest}"
@@ -257,13 +268,13 @@ fn crash_and_resume(dir: &Path, out: &mut dyn Write) -> anyhow::Result<()> {
 }
 
 fn short_counts(report: &BatchReport) -> String {
-    COUNT_NAMES
+    SHORT_NAMES
         .iter()
         .zip(report.counts())
         .filter(|(_, count)| *count > 0)
         .map(|(name, count)| format!("{count} {name}"))
         .collect::<Vec<_>>()
-        .join(", ")
+        .join(" ")
 }
 
 /// The newest log segment (`*.seg`, by name) and its length.
