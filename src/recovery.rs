@@ -9,7 +9,8 @@
 //! | record that decodes badly or contradicts the index| Corruption        | Corruption | cut there       |
 //! | a segment id missing from the sequence            | Corruption        | Corruption | cut there       |
 //!
-//! "Cut" moves the dropped bytes into `lost+found/` rather than deleting them.
+//! "Cut" moves the dropped bytes into `lost+found/<repair time in ms>/`
+//! rather than deleting them, so that no repair overwrites an earlier one's.
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
@@ -226,7 +227,7 @@ pub(crate) const LOST_FOUND_DIR: &str = "lost+found";
 
 /// Cuts the log at its first problem, keeping the longest valid prefix. The
 /// dropped bytes are moved into `lost+found/`, not deleted.
-pub(crate) fn repair(storage: &dyn Storage, dir: &Path) -> Result<RepairReport> {
+pub(crate) fn repair(storage: &dyn Storage, dir: &Path, now_ms: u64) -> Result<RepairReport> {
     let all_ids = list_segments(storage, dir)?;
     let mut scratch = Index::default();
     let walk = walk(storage, dir, &mut scratch, true)?;
@@ -238,7 +239,7 @@ pub(crate) fn repair(storage: &dyn Storage, dir: &Path) -> Result<RepairReport> 
         return Ok(report);
     };
     report.first_bad = Some((u64::from(problem.segment), problem.offset));
-    let lost = dir.join(LOST_FOUND_DIR);
+    let lost = dir.join(LOST_FOUND_DIR).join(now_ms.to_string());
     storage
         .create_dir_all(&lost)
         .map_err(|e| Error::io("create directory", &lost, e))?;

@@ -289,7 +289,7 @@ impl Store {
     pub fn repair(dir: impl AsRef<Path>, options: Options) -> Result<RepairReport> {
         let dir = dir.as_ref();
         let _lock = lock_dir(options.storage.as_ref(), dir)?;
-        recovery::repair(options.storage.as_ref(), dir)
+        recovery::repair(options.storage.as_ref(), dir, options.clock.now_ms())
     }
 }
 
