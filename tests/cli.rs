@@ -1,0 +1,1029 @@
+//! End-to-end tests of the `idemkv` binary: ingest against an independent
+//! model of the contract, kill -9 and torn-log resumes, order independence,
+//! fail-closed bad input, quarantine, locking, and the small commands.
+//!
+//! Streams come from a seeded PRNG, so every run sees the same data; only the
+//! moments of the kills vary.
+
+#![cfg(feature = "cli")]
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_idemkv");
+
+// ---------------------------------------------------------------------------
+// Running the binary
+
+fn idemkv(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("the idemkv binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Runs and expects exit 0; returns stdout.
+fn ok(args: &[&str]) -> String {
+    let out = idemkv(args);
+    assert!(
+        out.status.success(),
+        "idemkv {args:?} failed ({:?}):\n{}",
+        out.status,
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// Runs and expects exit 1; returns stderr.
+fn fails(args: &[&str]) -> String {
+    let out = idemkv(args);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "idemkv {args:?}: expected exit 1, got {:?}; stdout:\n{}\nstderr:\n{}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stderr)
+}
+
+fn s(path: &Path) -> &str {
+    path.to_str().expect("test paths are UTF-8")
+}
+
+/// `ingest --json` with the given extra arguments; returns the report object.
+fn ingest_json(store: &Path, file: &Path, extra: &[&str]) -> Value {
+    let mut args = vec!["ingest", "--store", s(store), "--json"];
+    args.extend_from_slice(extra);
+    args.push(s(file));
+    let stdout = ok(&args);
+    serde_json::from_str(stdout.trim()).expect("ingest --json prints one JSON object")
+}
+
+fn digest(store: &Path) -> String {
+    let digest = ok(&["digest", "--store", s(store)]).trim().to_owned();
+    assert_eq!(digest.len(), 32, "digest {digest:?}");
+    assert!(digest.bytes().all(|b| b.is_ascii_hexdigit()));
+    digest
+}
+
+fn scan(store: &Path) -> Vec<String> {
+    ok(&["scan", "--store", s(store), "--json"])
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn checkpoint(store: &Path, source: &str) -> Option<u64> {
+    let out = idemkv(&["checkpoint", "--store", s(store), source]);
+    if !out.status.success() {
+        return None;
+    }
+    Some(
+        text(&out.stdout)
+            .trim()
+            .parse()
+            .expect("checkpoint is a decimal offset"),
+    )
+}
+
+/// `log --json` as (batch id, eight counts).
+fn log(store: &Path) -> Vec<(String, [u64; 8])> {
+    ok(&["log", "--store", s(store), "--json"])
+        .lines()
+        .map(|line| {
+            let v: Value = serde_json::from_str(line).expect("log line is JSON");
+            let id = v["batch_id"].as_str().expect("batch_id").to_owned();
+            (id, counts_of(&v))
+        })
+        .collect()
+}
+
+const COUNT_NAMES: [&str; 8] = [
+    "inserted",
+    "updated",
+    "unchanged",
+    "stale",
+    "duplicates",
+    "deleted",
+    "added",
+    "rejected",
+];
+
+fn counts_of(v: &Value) -> [u64; 8] {
+    COUNT_NAMES.map(|name| {
+        v[name]
+            .as_u64()
+            .unwrap_or_else(|| panic!("count {name} in {v}"))
+    })
+}
+
+fn newest_segment(store: &Path) -> PathBuf {
+    let mut segments: Vec<PathBuf> = fs::read_dir(store)
+        .expect("store dir lists")
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|ext| ext == "seg"))
+        .collect();
+    segments.sort();
+    segments.pop().expect("the store has a segment")
+}
+
+fn write_lines(path: &Path, lines: &[String]) {
+    let mut body = lines.join("\n");
+    body.push('\n');
+    fs::write(path, body).expect("write input file");
+}
+
+fn tempdir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("temp dir")
+}
+
+// ---------------------------------------------------------------------------
+// A tiny deterministic PRNG (splitmix64)
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn index(&mut self, len: usize) -> usize {
+        usize::try_from(self.below(len as u64)).expect("fits")
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+
+    fn shuffle<T>(&mut self, items: &mut [T]) {
+        for i in (1..items.len()).rev() {
+            let j = self.index(i + 1);
+            items.swap(i, j);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Generated events, and their NDJSON spellings
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Kind {
+    /// A put: (qty, amount_cents, has_note); its canonical JSON is built by `canonical_value`.
+    Put(u64, u64, bool),
+    Delete,
+    Add(i64),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Event {
+    id: String,
+    key: String,
+    seq: u64,
+    kind: Kind,
+}
+
+fn canonical_value(qty: u64, amount: u64, has_note: bool) -> String {
+    if has_note {
+        format!(r#"{{"amount_cents":{amount},"note":"café","qty":{qty}}}"#)
+    } else {
+        format!(r#"{{"amount_cents":{amount},"qty":{qty}}}"#)
+    }
+}
+
+/// One delivery's line, spelled one of several equivalent ways.
+fn spell(event: &Event, rng: &mut Rng) -> String {
+    let id = &event.id;
+    let key = &event.key;
+    let seq = event.seq;
+    match &event.kind {
+        Kind::Put(qty, amount, has_note) => {
+            let value = match (rng.below(3), has_note) {
+                (0, _) => canonical_value(*qty, *amount, *has_note),
+                (1, false) => format!(r#"{{ "qty": {qty}, "amount_cents": {amount} }}"#),
+                (1, true) => {
+                    format!(r#"{{"qty":{qty},"note":"caf\u00e9","amount_cents":{amount}}}"#)
+                }
+                (_, false) => format!(r#"{{"qty":{qty},"amount_cents":{amount}}}"#),
+                (_, true) => format!(
+                    r#"{{ "note" : "caf\u00E9" , "qty" : {qty} , "amount_cents" : {amount} }}"#
+                ),
+            };
+            if rng.chance(50) {
+                format!(
+                    r#"{{"event_id":"{id}","key":"{key}","seq":{seq},"op":"put","value":{value}}}"#
+                )
+            } else {
+                format!(
+                    r#"{{"value":{value}, "op":"put", "seq":"{seq}", "key":"{key}", "event_id":"{id}"}}"#
+                )
+            }
+        }
+        Kind::Delete => {
+            if rng.chance(50) {
+                format!(r#"{{"event_id":"{id}","key":"{key}","seq":{seq},"op":"delete"}}"#)
+            } else {
+                format!(
+                    r#"{{"op":"delete","seq":{seq},"key":"{key}","event_id":"{id}","value":null}}"#
+                )
+            }
+        }
+        Kind::Add(delta) => {
+            format!(r#"{{"event_id":"{id}","key":"{key}","seq":{seq},"op":"add","delta":{delta}}}"#)
+        }
+    }
+}
+
+/// `n_events` events over 40 order keys and (with `adds`) 5 counter keys;
+/// seqs rise per key in creation order.
+fn generate_events(rng: &mut Rng, n_events: usize, adds: bool) -> Vec<Event> {
+    let mut seq = 100;
+    (0..n_events)
+        .map(|n| {
+            seq += 1 + rng.below(3);
+            let roll = rng.below(100);
+            let (key, kind) = if adds && roll < 15 {
+                let delta = i64::try_from(rng.below(26)).expect("small") - 5;
+                (format!("visits/{}", rng.below(5)), Kind::Add(delta))
+            } else if roll < 32 {
+                (format!("O{}/1", 1000 + rng.below(40)), Kind::Delete)
+            } else {
+                let value = Kind::Put(1 + rng.below(3), 500 * (1 + rng.below(3)), rng.chance(20));
+                (format!("O{}/1", 1000 + rng.below(40)), value)
+            };
+            Event {
+                id: format!("g{n}"),
+                key,
+                seq,
+                kind,
+            }
+        })
+        .collect()
+}
+
+/// Deliveries of `events` with redeliveries of earlier events and late
+/// (out-of-order) first deliveries.
+fn deliveries(rng: &mut Rng, events: &[Event]) -> Vec<Event> {
+    let mut out: Vec<Event> = Vec::new();
+    let mut late: Vec<Event> = Vec::new();
+    for event in events {
+        if rng.chance(10) {
+            late.push(event.clone());
+            continue;
+        }
+        out.push(event.clone());
+        if rng.chance(20) {
+            let again = out[rng.index(out.len())].clone();
+            out.push(again);
+        }
+        if !late.is_empty() && rng.chance(12) {
+            let i = rng.index(late.len());
+            out.push(late.swap_remove(i));
+        }
+    }
+    out.extend(late);
+    out
+}
+
+// ---------------------------------------------------------------------------
+// The model: a straightforward implementation of SPEC section 3
+
+#[derive(Default)]
+struct Model {
+    /// key -> (version, live value as it prints in `scan --json`)
+    rows: BTreeMap<String, (u64, Option<String>)>,
+    /// event id -> the event it was first seen as
+    seen: HashMap<String, Event>,
+    counts: [u64; 8],
+}
+
+impl Model {
+    fn apply(&mut self, d: &Event) {
+        const INSERTED: usize = 0;
+        const UPDATED: usize = 1;
+        const UNCHANGED: usize = 2;
+        const STALE: usize = 3;
+        const DUPLICATES: usize = 4;
+        const DELETED: usize = 5;
+        const ADDED: usize = 6;
+        if let Some(first) = self.seen.get(&d.id) {
+            assert_eq!(
+                first, d,
+                "the generator never reuses an id with another payload"
+            );
+            self.counts[DUPLICATES] += 1;
+            return;
+        }
+        self.seen.insert(d.id.clone(), d.clone());
+        let row = self.rows.get(&d.key).cloned();
+        let version = row.as_ref().map(|r| r.0);
+        let live = row.and_then(|r| r.1);
+        match &d.kind {
+            Kind::Add(delta) => {
+                let base: i64 = live.map_or(0, |v| v.parse().expect("counter"));
+                let version = version.map_or(d.seq, |v| v.max(d.seq));
+                self.rows
+                    .insert(d.key.clone(), (version, Some((base + delta).to_string())));
+                self.counts[ADDED] += 1;
+            }
+            _ if version.is_some_and(|v| d.seq <= v) => self.counts[STALE] += 1,
+            Kind::Delete => {
+                self.rows.insert(d.key.clone(), (d.seq, None));
+                self.counts[DELETED] += 1;
+            }
+            Kind::Put(qty, amount, note) => {
+                let value = canonical_value(*qty, *amount, *note);
+                let count = match &live {
+                    None => INSERTED,
+                    Some(old) if *old == value => UNCHANGED,
+                    Some(_) => UPDATED,
+                };
+                self.counts[count] += 1;
+                self.rows.insert(d.key.clone(), (d.seq, Some(value)));
+            }
+        }
+    }
+
+    /// The rows `scan --json` must print, in order.
+    fn scan_lines(&self) -> Vec<String> {
+        self.rows
+            .iter()
+            .filter_map(|(key, (seq, value))| {
+                value
+                    .as_ref()
+                    .map(|v| format!(r#"{{"key":"{key}","seq":{seq},"value":{v}}}"#))
+            })
+            .collect()
+    }
+}
+
+/// A generated stream: deliveries, their lines, and the model after all of them.
+fn stream(seed: u64, n_events: usize, adds: bool) -> (Vec<String>, Model) {
+    let mut rng = Rng(seed);
+    let events = generate_events(&mut rng, n_events, adds);
+    let deliveries = deliveries(&mut rng, &events);
+    let mut model = Model::default();
+    let lines = deliveries
+        .iter()
+        .map(|d| {
+            model.apply(d);
+            spell(d, &mut rng)
+        })
+        .collect();
+    (lines, model)
+}
+
+// ---------------------------------------------------------------------------
+// Tests
+
+#[test]
+fn ingest_matches_the_model_row_by_row_and_count_by_count() {
+    let dir = tempdir();
+    let (lines, model) = stream(1, 1500, true);
+    let file = dir.path().join("gen.ndjson");
+    write_lines(&file, &lines);
+    let store = dir.path().join("store");
+
+    let report = ingest_json(&store, &file, &["--source", "gen", "--batch-size", "97"]);
+    assert_eq!(counts_of(&report), model.counts, "report {report}");
+    let len = fs::metadata(&file).expect("stat").len();
+    assert_eq!(report["checkpoint"].as_u64(), Some(len));
+    assert_eq!(
+        report["batches"].as_u64(),
+        Some(lines.len().div_ceil(97) as u64)
+    );
+    assert_eq!(report["replayed"].as_u64(), Some(0));
+    for (i, name) in COUNT_NAMES.iter().enumerate() {
+        // The stream exercises every kind of outcome except rejection.
+        assert_eq!(
+            model.counts[i] > 0,
+            *name != "rejected",
+            "{name}: {:?}",
+            model.counts
+        );
+    }
+    assert_eq!(scan(&store), model.scan_lines());
+    assert_eq!(checkpoint(&store, "gen"), Some(len));
+
+    // The run log holds one entry per batch, whose counts add up to the report.
+    let entries = log(&store);
+    assert_eq!(
+        entries.len() as u64,
+        report["batches"].as_u64().expect("batches")
+    );
+    let mut sum = [0u64; 8];
+    for (_, counts) in &entries {
+        for (total, part) in sum.iter_mut().zip(counts) {
+            *total += part;
+        }
+    }
+    assert_eq!(sum, model.counts);
+    assert_eq!(
+        entries[0].0,
+        format!("gen:0-{}", {
+            let first: usize = lines[..97].iter().map(|l| l.len() + 1).sum();
+            first
+        })
+    );
+
+    // `get` prints one row, counters as JSON integers.
+    for line in model.scan_lines().iter().take(60) {
+        let row: Value = serde_json::from_str(line).expect("model line");
+        let key = row["key"].as_str().expect("key");
+        assert_eq!(ok(&["get", "--store", s(&store), key]).trim(), line);
+    }
+    let counter = model
+        .scan_lines()
+        .into_iter()
+        .find(|l| l.contains("visits/"))
+        .expect("some counter is live");
+    let row: Value = serde_json::from_str(&counter).expect("row");
+    assert!(row["value"].is_i64(), "{counter}");
+
+    // A rerun finds nothing new; a rerun from the start replays every batch.
+    let again = ingest_json(&store, &file, &["--source", "gen", "--batch-size", "97"]);
+    assert_eq!(again["batches"].as_u64(), Some(0));
+    let replay = ingest_json(
+        &store,
+        &file,
+        &["--source", "gen", "--batch-size", "97", "--from-start"],
+    );
+    assert_eq!(replay["replayed"], report["batches"]);
+    assert_eq!(counts_of(&replay), [0; 8]);
+    assert_eq!(scan(&store), model.scan_lines());
+}
+
+#[test]
+fn kill_9_at_random_moments_then_resume_converges() {
+    let dir = tempdir();
+    let (lines, model) = stream(2, 4000, true);
+    let file = dir.path().join("gen.ndjson");
+    write_lines(&file, &lines);
+    let len = fs::metadata(&file).expect("stat").len();
+    let args = |store: &Path| -> Vec<String> {
+        [
+            "ingest",
+            "--store",
+            s(store),
+            "--source",
+            "gen",
+            "--batch-size",
+            "16",
+            s(&file),
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    };
+
+    let clean = dir.path().join("clean");
+    let started = Instant::now();
+    ok(&args(&clean).iter().map(String::as_str).collect::<Vec<_>>());
+    let run_us = u64::try_from(started.elapsed().as_micros()).expect("fits");
+    assert_eq!(scan(&clean), model.scan_lines());
+
+    let crashed = dir.path().join("crashed");
+    let mut rng = Rng(0x4b11);
+    let (mut kills, mut mid_run_kills, mut position) = (0, 0, 0);
+    while mid_run_kills < 8 && kills < 40 {
+        let mut child = Command::new(BIN)
+            .args(args(&crashed))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn ingest");
+        // Aim anywhere in what is left of the run.
+        let left_us = run_us * (len - position) / len;
+        thread::sleep(Duration::from_micros(rng.below(left_us + 1)));
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            assert!(status.success(), "ingest exited with {status:?}");
+            break;
+        }
+        child.kill().expect("kill -9");
+        child.wait().expect("reap");
+        kills += 1;
+        position = checkpoint(&crashed, "gen").unwrap_or(0);
+        if position > 0 && position < len {
+            mid_run_kills += 1;
+        }
+    }
+    ok(&args(&crashed)
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>());
+    eprintln!("kill -9: {kills} kills, {mid_run_kills} mid-run; clean run {run_us} us");
+    assert!(mid_run_kills > 0, "kills {kills}, mid-run {mid_run_kills}");
+
+    assert_eq!(digest(&crashed), digest(&clean));
+    assert_eq!(scan(&crashed), model.scan_lines());
+    assert_eq!(checkpoint(&crashed, "gen"), Some(len));
+    // Same batches, each committed once, with the same counts.
+    assert_eq!(log(&crashed), log(&clean));
+}
+
+#[test]
+fn truncating_the_newest_segment_at_random_offsets_then_resuming_converges() {
+    let dir = tempdir();
+    let (lines, model) = stream(3, 1200, true);
+    let file = dir.path().join("gen.ndjson");
+    write_lines(&file, &lines);
+    let base = [
+        "--source",
+        "gen",
+        "--batch-size",
+        "20",
+        "--durability",
+        "buffered",
+    ];
+
+    let clean = dir.path().join("clean");
+    ingest_json(&clean, &file, &base);
+
+    let torn = dir.path().join("torn");
+    let mut rng = Rng(0x7e57);
+    for round in 0..8 {
+        let max_batches = (1 + rng.below(12)).to_string();
+        let mut args = base.to_vec();
+        args.extend(["--max-batches", &max_batches]);
+        ingest_json(&torn, &file, &args);
+        let segment = newest_segment(&torn);
+        let seg_len = fs::metadata(&segment).expect("stat").len();
+        let cut = rng.below(seg_len + 1);
+        OpenOptions::new()
+            .write(true)
+            .open(&segment)
+            .and_then(|f| f.set_len(cut))
+            .expect("truncate segment");
+        let position = checkpoint(&torn, "gen").unwrap_or(0);
+        eprintln!("round {round}: segment {seg_len} bytes cut at {cut}, checkpoint now {position}");
+        assert!(
+            position <= fs::metadata(&file).expect("stat").len(),
+            "round {round}: checkpoint {position}"
+        );
+    }
+    ingest_json(&torn, &file, &base);
+    assert_eq!(digest(&torn), digest(&clean));
+    assert_eq!(scan(&torn), model.scan_lines());
+    assert!(ok(&["verify", "--store", s(&torn)]).starts_with("ok"));
+}
+
+#[test]
+fn shuffled_deliveries_of_puts_and_deletes_give_one_digest() {
+    let dir = tempdir();
+    let mut rng = Rng(4);
+    let events = generate_events(&mut rng, 600, false);
+    let mut lines: Vec<String> = Vec::new();
+    let mut model = Model::default();
+    for event in &events {
+        for _ in 0..1 + rng.below(3) {
+            lines.push(spell(event, &mut rng));
+        }
+        model.apply(event);
+    }
+    let mut digests = Vec::new();
+    for (n, batch_size) in ["1000", "7", "64"].into_iter().enumerate() {
+        let mut shuffled = lines.clone();
+        Rng(100 + n as u64).shuffle(&mut shuffled);
+        let file = dir.path().join(format!("shuffle{n}.ndjson"));
+        write_lines(&file, &shuffled);
+        let store = dir.path().join(format!("store{n}"));
+        let report = ingest_json(
+            &store,
+            &file,
+            &[
+                "--source",
+                "orders",
+                "--batch-size",
+                batch_size,
+                "--durability",
+                "buffered",
+            ],
+        );
+        assert_eq!(counts_of(&report).iter().sum::<u64>(), lines.len() as u64);
+        assert_eq!(scan(&store), model.scan_lines(), "shuffle {n}");
+        digests.push(digest(&store));
+    }
+    assert!(digests.windows(2).all(|w| w[0] == w[1]), "{digests:?}");
+}
+
+/// 30 valid lines (ids v1..v30, keys k1..k30), with `replace` overriding some.
+fn lines_with(replace: &[(usize, &str)]) -> Vec<String> {
+    (1..=30)
+        .map(|n| {
+            replace
+                .iter()
+                .find(|(line_no, _)| *line_no == n)
+                .map_or_else(
+                    || {
+                        format!(
+                            r#"{{"event_id":"v{n}","key":"k{n}","seq":{n},"op":"put","value":{{"n":{n}}}}}"#
+                        )
+                    },
+                    |(_, line)| (*line).to_owned(),
+                )
+        })
+        .collect()
+}
+
+fn offset_after_line(lines: &[String], line_no: usize) -> u64 {
+    lines[..line_no].iter().map(|l| l.len() as u64 + 1).sum()
+}
+
+#[test]
+fn a_conflicting_event_id_fails_closed_naming_line_and_id() {
+    let dir = tempdir();
+    let lines = lines_with(&[(
+        25,
+        r#"{"event_id":"v3","key":"k3","seq":3,"op":"put","value":{"n":333}}"#,
+    )]);
+    let file = dir.path().join("in.ndjson");
+    write_lines(&file, &lines);
+    let store = dir.path().join("store");
+
+    let stderr = fails(&[
+        "ingest",
+        "--store",
+        s(&store),
+        "--source",
+        "in",
+        "--batch-size",
+        "10",
+        s(&file),
+    ]);
+    assert!(stderr.contains("line 25"), "{stderr}");
+    assert!(stderr.contains("\"v3\""), "{stderr}");
+    assert!(stderr.contains("conflicting"), "{stderr}");
+    assert_eq!(
+        checkpoint(&store, "in"),
+        Some(offset_after_line(&lines, 20))
+    );
+    // Nothing of the failed batch (lines 21..30) is visible.
+    fails(&["get", "--store", s(&store), "k21"]);
+    ok(&["get", "--store", s(&store), "k20"]);
+    assert_eq!(log(&store).len(), 2);
+    // A rerun fails the same way and still commits nothing.
+    let again = fails(&[
+        "ingest",
+        "--store",
+        s(&store),
+        "--source",
+        "in",
+        "--batch-size",
+        "10",
+        s(&file),
+    ]);
+    assert!(again.contains("line 25"), "{again}");
+    assert_eq!(log(&store).len(), 2);
+}
+
+#[test]
+fn a_malformed_line_fails_closed_naming_line_and_id() {
+    let dir = tempdir();
+    let store = dir.path().join("store");
+    let cases: [(&str, &str, Option<&str>); 3] = [
+        (
+            r#"{"event_id":"v17","key":"k17","op":"put","value":1}"#,
+            "missing field \"seq\"",
+            Some("\"v17\""),
+        ),
+        (
+            r#"{"event_id":"v17","key":"k17","seq":17,"#,
+            "not valid JSON",
+            None,
+        ),
+        (
+            r#"{"event_id":"v17","key":"k17","seq":17,"op":"add","delta":"x"}"#,
+            "\"delta\"",
+            Some("\"v17\""),
+        ),
+    ];
+    for (n, (bad, what, id)) in cases.into_iter().enumerate() {
+        let lines = lines_with(&[(17, bad)]);
+        let file = dir.path().join(format!("in{n}.ndjson"));
+        write_lines(&file, &lines);
+        let source = format!("in{n}");
+        let stderr = fails(&[
+            "ingest",
+            "--store",
+            s(&store),
+            "--source",
+            &source,
+            "--batch-size",
+            "10",
+            s(&file),
+        ]);
+        assert!(stderr.contains("line 17"), "{stderr}");
+        assert!(stderr.contains(what), "{stderr}");
+        if let Some(id) = id {
+            assert!(stderr.contains(id), "{stderr}");
+        }
+        assert!(stderr.contains("nothing of batch"), "{stderr}");
+        assert_eq!(
+            checkpoint(&store, &source),
+            Some(offset_after_line(&lines, 10))
+        );
+    }
+    // Lines 11..20 never committed, in any of the three runs.
+    fails(&["get", "--store", s(&store), "k11"]);
+    ok(&["get", "--store", s(&store), "k10"]);
+}
+
+#[test]
+fn quarantine_mode_sets_bad_lines_aside_and_carries_on() {
+    let dir = tempdir();
+    let lines = lines_with(&[
+        (5, "this is not json"),
+        (17, r#"{"event_id":"v17","key":"k17","op":"put","value":1}"#),
+        (
+            25,
+            r#"{"event_id":"v3","key":"k3","seq":3,"op":"put","value":{"n":333}}"#,
+        ),
+    ]);
+    let file = dir.path().join("in.ndjson");
+    write_lines(&file, &lines);
+    let store = dir.path().join("store");
+    let report = ingest_json(
+        &store,
+        &file,
+        &[
+            "--source",
+            "in",
+            "--batch-size",
+            "10",
+            "--on-invalid",
+            "quarantine",
+        ],
+    );
+    assert_eq!(report["rejected"].as_u64(), Some(3), "{report}");
+    assert_eq!(report["inserted"].as_u64(), Some(27), "{report}");
+    assert_eq!(
+        checkpoint(&store, "in"),
+        Some(fs::metadata(&file).expect("stat").len())
+    );
+    assert_eq!(scan(&store).len(), 27);
+    let rows: Vec<Value> = ok(&["quarantine", "--store", s(&store), "--json"])
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("quarantine line is JSON"))
+        .collect();
+    let ids: Vec<&str> = rows
+        .iter()
+        .map(|r| r["event_id"].as_str().expect("id"))
+        .collect();
+    assert_eq!(ids, ["line:5", "line:17", "v3"]);
+    assert!(
+        rows[1]["reason"]
+            .as_str()
+            .expect("reason")
+            .contains("\"seq\"")
+    );
+    assert!(
+        rows[0]["batch_id"]
+            .as_str()
+            .expect("batch")
+            .starts_with("in:0-")
+    );
+}
+
+#[test]
+fn a_second_writer_is_refused_because_the_store_is_locked() {
+    let dir = tempdir();
+    let store_dir = dir.path().join("store");
+    let file = dir.path().join("in.ndjson");
+    write_lines(&file, &lines_with(&[]));
+    let store = idemkv::Store::open(&store_dir, idemkv::Options::default()).expect("open");
+    let stderr = fails(&["ingest", "--store", s(&store_dir), s(&file)]);
+    assert!(stderr.contains("locked"), "{stderr}");
+    let stderr = fails(&["digest", "--store", s(&store_dir)]);
+    assert!(stderr.contains("locked"), "{stderr}");
+    drop(store);
+    ok(&["ingest", "--store", s(&store_dir), s(&file)]);
+}
+
+#[test]
+fn a_final_line_without_newline_waits_and_a_grown_file_continues() {
+    let dir = tempdir();
+    let lines = lines_with(&[]);
+    let file = dir.path().join("in.ndjson");
+    let store = dir.path().join("store");
+    let full = lines.join("\n") + "\n";
+    let cut = offset_after_line(&lines, 12) as usize + 9;
+    fs::write(&file, &full[..cut]).expect("write");
+    let first = ingest_json(&store, &file, &["--batch-size", "5"]);
+    assert_eq!(
+        first["checkpoint"].as_u64(),
+        Some(offset_after_line(&lines, 12))
+    );
+    fails(&["get", "--store", s(&store), "k13"]);
+    // The default source is the file's absolute path, which `checkpoint` also accepts.
+    let source = fs::canonicalize(&file).expect("canonical path");
+    assert_eq!(first["source"].as_str(), source.to_str());
+    assert_eq!(
+        checkpoint(&store, s(&file)),
+        Some(offset_after_line(&lines, 12))
+    );
+
+    fs::write(&file, &full).expect("grow");
+    let second = ingest_json(&store, &file, &["--batch-size", "5"]);
+    assert_eq!(second["inserted"].as_u64(), Some(18));
+    assert_eq!(scan(&store).len(), 30);
+
+    // A file replaced by a shorter one is refused, not silently skipped.
+    fs::write(&file, &full[..100]).expect("shrink");
+    let stderr = fails(&["ingest", "--store", s(&store), s(&file)]);
+    assert!(stderr.contains("truncated or replaced"), "{stderr}");
+}
+
+#[test]
+fn follow_reads_a_growing_file_until_idle() {
+    let dir = tempdir();
+    let lines = lines_with(&[]);
+    let file = dir.path().join("in.ndjson");
+    let store = dir.path().join("store");
+    fs::write(&file, "").expect("create");
+    let child = Command::new(BIN)
+        .args([
+            "ingest",
+            "--store",
+            s(&store),
+            "--source",
+            "tail",
+            "--json",
+            "--follow",
+            "--poll-ms",
+            "20",
+            "--idle-exit-ms",
+            "1500",
+            s(&file),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut writer = OpenOptions::new().append(true).open(&file).expect("open");
+    for chunk in lines.chunks(7) {
+        for line in chunk {
+            // Write each line in two pieces: a half line is not consumed.
+            let (head, tail) = line.split_at(line.len() / 2);
+            writer.write_all(head.as_bytes()).expect("write");
+            writer.flush().expect("flush");
+            thread::sleep(Duration::from_millis(5));
+            writer.write_all(tail.as_bytes()).expect("write");
+            writer.write_all(b"\n").expect("write");
+        }
+        thread::sleep(Duration::from_millis(60));
+    }
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report: Value = serde_json::from_str(text(&out.stdout).trim()).expect("json");
+    assert_eq!(report["inserted"].as_u64(), Some(30), "{report}");
+    assert_eq!(scan(&store).len(), 30);
+    assert_eq!(
+        checkpoint(&store, "tail"),
+        Some(fs::metadata(&file).expect("stat").len())
+    );
+}
+
+#[test]
+fn stdin_ingest_dedups_by_event_id_and_replays_the_same_stream() {
+    let dir = tempdir();
+    let store = dir.path().join("store");
+    let body = lines_with(&[]).join("\n") + "\n";
+    let run = || -> Value {
+        let mut child = Command::new(BIN)
+            .args([
+                "ingest",
+                "--store",
+                s(&store),
+                "--json",
+                "--batch-size",
+                "8",
+                "-",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(body.as_bytes())
+            .expect("feed");
+        let out = child.wait_with_output().expect("wait");
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        serde_json::from_str(text(&out.stdout).trim()).expect("json")
+    };
+    let first = run();
+    assert_eq!(first["inserted"].as_u64(), Some(30));
+    assert_eq!(first["source"].as_str(), Some("stdin"));
+    let second = run();
+    assert_eq!(second["replayed"].as_u64(), Some(4), "{second}");
+    assert_eq!(scan(&store).len(), 30);
+}
+
+#[test]
+fn field_mapping_and_content_ids_let_a_foreign_feed_in() {
+    let dir = tempdir();
+    let store = dir.path().join("store");
+    let file = dir.path().join("feed.ndjson");
+    let lines: Vec<String> = [
+        r#"{"order_id":"O1","line_no":1,"lsn":10,"kind":"put","value":{"b":2,"a":1},"recv":"t1"}"#,
+        r#"{"order_id":"O1","line_no":1,"lsn":10,"kind":"put","value":{"a":1, "b":2},"recv":"t2"}"#,
+        r#"{"order_id":"O1","line_no":2,"lsn":11,"kind":"put","value":[1,2],"recv":"t3"}"#,
+        r#"{"order_id":"O1","line_no":2,"lsn":12,"kind":"delete","recv":"t4"}"#,
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    write_lines(&file, &lines);
+    let report = ingest_json(
+        &store,
+        &file,
+        &[
+            "--key-field",
+            "order_id,line_no",
+            "--seq-field",
+            "lsn",
+            "--op-field",
+            "kind",
+            "--id-from-content",
+            "--ignore-field",
+            "recv",
+        ],
+    );
+    assert_eq!(counts_of(&report), [2, 0, 0, 0, 1, 1, 0, 0], "{report}");
+    assert_eq!(
+        scan(&store),
+        [r#"{"key":"O1/1","seq":10,"value":{"a":1,"b":2}}"#]
+    );
+}
+
+#[test]
+fn exit_codes_name_failures_and_usage_errors() {
+    let dir = tempdir();
+    let store = dir.path().join("store");
+    let usage = idemkv(&["ingest", "--batch-size", "0"]);
+    assert_eq!(usage.status.code(), Some(2));
+    assert_eq!(idemkv(&["frobnicate"]).status.code(), Some(2));
+
+    let stderr = fails(&["digest", "--store", s(&store)]);
+    assert!(stderr.contains("does not exist"), "{stderr}");
+    let file = dir.path().join("in.ndjson");
+    write_lines(&file, &lines_with(&[]));
+    ok(&["ingest", "--store", s(&store), s(&file)]);
+    let stderr = fails(&["get", "--store", s(&store), "nope"]);
+    assert!(stderr.contains("\"nope\" not found"), "{stderr}");
+    let stderr = fails(&["checkpoint", "--store", s(&store), "nope"]);
+    assert!(stderr.contains("no checkpoint"), "{stderr}");
+    let stderr = fails(&["compact", "--store", s(&store)]);
+    assert!(
+        stderr.contains("compaction is not available yet"),
+        "{stderr}"
+    );
+    assert!(ok(&["verify", "--store", s(&store)]).starts_with("ok"));
+    let stats: Value =
+        serde_json::from_str(ok(&["stats", "--store", s(&store), "--json"]).trim()).expect("json");
+    assert_eq!(stats["live_keys"].as_u64(), Some(30));
+    assert!(stats["index_bytes"]["keys"].as_u64().is_some());
+    assert!(ok(&["repair", "--store", s(&store)]).contains("nothing to repair"));
+}
+
+#[test]
+fn the_sample_file_and_the_demo_tell_the_story() {
+    let dir = tempdir();
+    let store = dir.path().join("store");
+    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/orders.ndjson");
+    let report = ingest_json(&store, &sample, &[]);
+    assert_eq!(counts_of(&report), [5, 2, 1, 2, 5, 2, 3, 0], "{report}");
+    assert_eq!(
+        ok(&["get", "--store", s(&store), "visits/2026-09-21"]).trim(),
+        r#"{"key":"visits/2026-09-21","seq":301,"value":7}"#
+    );
+
+    let demo = ok(&["demo"]);
+    assert!(
+        demo.contains("equal: the interrupted run converged"),
+        "{demo}"
+    );
+    assert!(demo.contains("replayed"), "{demo}");
+    assert!(demo.lines().count() <= 30, "{demo}");
+}
