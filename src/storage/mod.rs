@@ -5,8 +5,12 @@
 //! [`StorageFile`], so that tests can substitute an implementation that injects
 //! faults or simulates power loss. This module knows nothing of formats.
 
+#[cfg(feature = "testing")]
+mod faulty;
 mod os;
 
+#[cfg(feature = "testing")]
+pub use faulty::{CrashPolicy, Fault, FaultError, FaultyStorage, OpKind, OpRecord, Repeat};
 pub use os::OsStorage;
 
 use std::any::Any;
