@@ -1,6 +1,7 @@
 //! How a store is opened: durability, conflict policy, limits, clock and storage.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
 use crate::storage::{OsStorage, Storage};
@@ -42,11 +43,22 @@ pub struct Options {
     pub segment_bytes_max: u64,
     /// Largest value a `Put` may carry.
     pub value_bytes_max: usize,
+    /// How long a seen event id proves a redelivery a duplicate (default 7
+    /// days; `None`: forever). See DESIGN.md, "Expiry".
+    pub seen_ttl: Option<Duration>,
+    /// How long a committed batch id makes a redelivered batch a replay
+    /// (default 7 days; `None`: forever).
+    pub batch_ttl: Option<Duration>,
+    /// How long a tombstone holds back older puts (default `None`: forever).
+    /// An expired tombstone lets a put older than the delete resurrect the key.
+    pub tombstone_ttl: Option<Duration>,
     /// Time source, recorded in each batch record.
     pub clock: Arc<dyn Clock>,
     /// All file-system access goes through this.
     pub storage: Arc<dyn Storage>,
 }
+
+const WEEK: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 
 impl Default for Options {
     fn default() -> Self {
@@ -55,6 +67,9 @@ impl Default for Options {
             on_conflict: OnConflict::Fail,
             segment_bytes_max: 64 << 20,
             value_bytes_max: 1 << 20,
+            seen_ttl: Some(WEEK),
+            batch_ttl: Some(WEEK),
+            tombstone_ttl: None,
             clock: Arc::new(SystemClock),
             storage: Arc::new(OsStorage),
         }
@@ -87,6 +102,27 @@ impl Options {
     #[must_use]
     pub fn value_bytes_max(mut self, bytes: usize) -> Self {
         self.value_bytes_max = bytes;
+        self
+    }
+
+    /// Sets [`Options::seen_ttl`].
+    #[must_use]
+    pub fn seen_ttl(mut self, ttl: Option<Duration>) -> Self {
+        self.seen_ttl = ttl;
+        self
+    }
+
+    /// Sets [`Options::batch_ttl`].
+    #[must_use]
+    pub fn batch_ttl(mut self, ttl: Option<Duration>) -> Self {
+        self.batch_ttl = ttl;
+        self
+    }
+
+    /// Sets [`Options::tombstone_ttl`].
+    #[must_use]
+    pub fn tombstone_ttl(mut self, ttl: Option<Duration>) -> Self {
+        self.tombstone_ttl = ttl;
         self
     }
 

@@ -260,11 +260,13 @@ pub(crate) fn repair(storage: &dyn Storage, dir: &Path, now_ms: u64) -> Result<R
             ));
             write_new_file(storage, &tail_path, tail)?;
             report.bytes_dropped += tail.len() as u64;
-            s.file
-                .set_len(problem.offset)
+            // The walk opened segments before the newest read-only.
+            let file = storage
+                .open(&path, OpenMode::Append)
+                .map_err(|e| Error::io("open", &path, e))?;
+            file.set_len(problem.offset)
                 .map_err(|e| Error::io("truncate", &path, e))?;
-            s.file
-                .sync_data()
+            file.sync_data()
                 .map_err(|e| Error::io("sync", &path, e))?;
             first_dropped = s.id.saturating_add(1);
         }

@@ -11,12 +11,15 @@ use crate::error::Result;
 use crate::index::keys::KeyEntry;
 use crate::log::segments::ValueRef;
 
-/// The committed state a batch is planned against.
+/// The committed state a batch is planned against, as of the batch's commit
+/// time: expired tombstones and seen ids are already hidden.
 pub(crate) trait StateView {
-    /// A key's version and value location (`None` value: tombstone).
+    /// A key's version and live value or tombstone.
     fn key(&self, key: &[u8]) -> Option<KeyEntry>;
     /// A stored value's bytes (checksum verified).
     fn read_value(&self, value: ValueRef) -> Result<Bytes>;
     /// The payload hash recorded for a seen event id.
     fn seen(&self, id_hash: u128) -> Option<u64>;
+    /// The seq at or below which a new-looking `Add` on `key` is `too_late`.
+    fn add_floor(&self, key: &[u8]) -> Option<u64>;
 }

@@ -9,14 +9,17 @@
 //! | 1    | static problem (empty/oversized id, key, value)  | invalid               |
 //! | 2    | event id seen, same payload                      | duplicate             |
 //! | 3    | event id seen, other payload                     | conflict              |
-//! | 4    | `Add` on a live non-counter value, or overflow   | invalid               |
-//! | 5    | `Add`                                            | added                 |
-//! | 6    | `Put`/`Delete` with seq <= key's version         | stale                 |
-//! | 7    | `Delete`                                         | deleted               |
-//! | 8    | `Put`: no live row / same bytes / other bytes    | inserted / unchanged / updated |
+//! | 4    | `Add` with seq <= the key's add floor            | rejected `too_late`   |
+//! | 5    | `Add` on a live non-counter value, or overflow   | invalid               |
+//! | 6    | `Add`                                            | added                 |
+//! | 7    | `Put`/`Delete` with seq <= key's version         | stale                 |
+//! | 8    | `Delete`                                         | deleted               |
+//! | 9    | `Put`: no live row / same bytes / other bytes    | inserted / unchanged / updated |
 //!
 //! Invalid and conflicting deliveries fail the batch under `OnConflict::Fail`
-//! and are quarantined (`rejected`) under `OnConflict::Quarantine`.
+//! and are quarantined (`rejected`) under `OnConflict::Quarantine`. A
+//! `too_late` delta is always quarantined: it is not an error of the batch,
+//! and failing would stop the pipeline on every later retry.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -56,6 +59,8 @@ pub(crate) struct Plan<'b> {
     /// One entry per changed key, in the order keys were first changed.
     pub writes: Vec<PlannedWrite<'b>>,
     pub rejects: Vec<PlannedReject<'b>>,
+    /// Counter keys that applied `Add`s, with the largest `Add` seq per key.
+    pub adds: Vec<(&'b [u8], u64)>,
 }
 
 /// Limits and policy the planner needs.
@@ -83,6 +88,7 @@ struct Current<'b> {
 enum Refusal {
     Invalid(Cow<'static, str>),
     Conflict,
+    TooLate,
 }
 
 struct Planner<'b, 'v, V: StateView> {
@@ -92,6 +98,8 @@ struct Planner<'b, 'v, V: StateView> {
     touched: HashMap<&'b [u8], usize>,
     /// Event ids first seen in this batch -> payload hash.
     seen_here: HashMap<u128, u64>,
+    /// Counter key -> index in `plan.adds`.
+    added: HashMap<&'b [u8], usize>,
 }
 
 impl<'b, V: StateView> Planner<'b, '_, V> {
@@ -101,7 +109,7 @@ impl<'b, V: StateView> Planner<'b, '_, V> {
                 WriteSource::Put(v) => Some(Value::Planned(v)),
                 WriteSource::Delete => None,
                 // A bump is only planned for a key whose committed row is live.
-                WriteSource::Bump => self.view.key(key).and_then(|e| e.value).map(Value::Stored),
+                WriteSource::Bump => self.view.key(key).and_then(|e| e.value()).map(Value::Stored),
             };
             return Current {
                 version: Some(w.seq),
@@ -111,7 +119,7 @@ impl<'b, V: StateView> Planner<'b, '_, V> {
         match self.view.key(key) {
             Some(e) => Current {
                 version: Some(e.seq),
-                live: e.value.map(Value::Stored),
+                live: e.value().map(Value::Stored),
             },
             None => Current {
                 version: None,
@@ -165,6 +173,9 @@ impl<'b, V: StateView> Planner<'b, '_, V> {
         let is_stale = current.version.is_some_and(|v| seq <= v);
         match op {
             Op::Add(delta) => {
+                if self.view.add_floor(key).is_some_and(|floor| seq <= floor) {
+                    return Ok(Err(Refusal::TooLate));
+                }
                 let base = match current.live {
                     None => 0,
                     Some(v) => match parse_counter(self.value_bytes(v)?.as_bytes()) {
@@ -180,6 +191,13 @@ impl<'b, V: StateView> Planner<'b, '_, V> {
                     return Ok(Err(Refusal::Invalid("counter overflow".into())));
                 };
                 self.plan.report.added += 1;
+                match self.added.get(key).and_then(|&i| self.plan.adds.get_mut(i)) {
+                    Some(mark) => mark.1 = mark.1.max(seq),
+                    None => {
+                        self.added.insert(key, self.plan.adds.len());
+                        self.plan.adds.push((key, seq));
+                    }
+                }
                 let version = current.version.map_or(seq, |v| v.max(seq));
                 self.write(key, version, WriteSource::Put(ValueSource::Counter(sum)));
             }
@@ -243,6 +261,7 @@ pub(crate) fn plan<'b, V: StateView>(
         plan: Plan::default(),
         touched: HashMap::with_capacity(batch.len()),
         seen_here: HashMap::with_capacity(batch.len()),
+        added: HashMap::new(),
     };
     for (index, (d, h)) in batch.deliveries().iter().zip(hashes).enumerate() {
         let outcome = if let Some(problem) = static_problem(d, options.value_bytes_max) {
@@ -279,6 +298,7 @@ pub(crate) fn plan<'b, V: StateView>(
                             reason: reason.to_string(),
                         });
                     }
+                    (Refusal::TooLate, _) => "too_late".to_owned(),
                     (Refusal::Conflict, OnConflict::Quarantine) => "conflicting_event".to_owned(),
                     (Refusal::Invalid(reason), OnConflict::Quarantine) => {
                         format!("invalid: {reason}")

@@ -58,6 +58,8 @@ pub(crate) struct BatchRecord<'a> {
     pub writes: Vec<KeyWrite<'a>>,
     pub checkpoints: Vec<(&'a [u8], &'a [u8])>,
     pub quarantine: Vec<QuarantineView<'a>>,
+    /// Counter keys that applied `Add`s, with the largest `Add` seq per key.
+    pub adds: Vec<(&'a [u8], u64)>,
 }
 
 /// Value of a put as the planner hands it to the encoder.
@@ -147,6 +149,14 @@ pub(crate) fn encode_quarantine(buf: &mut Vec<u8>, entries: &[QuarantineView<'_>
     }
 }
 
+pub(crate) fn encode_adds(buf: &mut Vec<u8>, adds: &[(&[u8], u64)]) {
+    codec::put_varint(buf, adds.len() as u64);
+    for &(key, seq) in adds {
+        codec::put_bytes(buf, key);
+        codec::put_varint(buf, seq);
+    }
+}
+
 /// Decodes a batch record body, validating every length and tag.
 pub(crate) fn decode_batch(body: &[u8]) -> Result<BatchRecord<'_>, DecodeError> {
     let mut d = Decoder::new(body);
@@ -209,13 +219,21 @@ pub(crate) fn decode_batch(body: &[u8]) -> Result<BatchRecord<'_>, DecodeError> 
     let mut quarantine = Vec::with_capacity(n);
     for _ in 0..n {
         let index = d.varint("quarantine index")?;
-        let event_id = d.bytes(ID_BYTES_MAX, "quarantined event id")?;
-        let reason = d.bytes(ID_BYTES_MAX, "quarantine reason")?;
+        // A quarantined delivery may be refused for its oversized id, and a
+        // malformed one's reason is the caller's text: no limit but the body's.
+        let event_id = d.bytes(RECORD_BODY_BYTES_MAX, "quarantined event id")?;
+        let reason = d.bytes(RECORD_BODY_BYTES_MAX, "quarantine reason")?;
         quarantine.push(QuarantineView {
             index,
             event_id,
             reason,
         });
+    }
+    let n = d.count(3, "add count")?;
+    let mut adds = Vec::with_capacity(n);
+    for _ in 0..n {
+        let key = d.bytes(ID_BYTES_MAX, "add key")?;
+        adds.push((key, d.varint("add seq")?));
     }
     d.finish()?;
     Ok(BatchRecord {
@@ -227,6 +245,7 @@ pub(crate) fn decode_batch(body: &[u8]) -> Result<BatchRecord<'_>, DecodeError> 
         writes,
         checkpoints,
         quarantine,
+        adds,
     })
 }
 
@@ -340,6 +359,7 @@ mod tests {
                 reason: b"conflicting_event",
             }],
         );
+        encode_adds(&mut buf, &[(&b"k2"[..], 6)]);
 
         let r = decode_batch(&buf).unwrap();
         assert_eq!(r.batch_id, b"B1");
@@ -367,6 +387,7 @@ mod tests {
         );
         assert_eq!(r.checkpoints, vec![(&b"cdc"[..], &b"\x00\x01"[..])]);
         assert_eq!(r.quarantine[0].reason, b"conflicting_event");
+        assert_eq!(r.adds, vec![(&b"k2"[..], 6)]);
 
         for cut in 0..buf.len() {
             assert!(

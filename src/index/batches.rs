@@ -1,10 +1,12 @@
-//! The batch registry: every committed batch id with its content hash and
-//! report, in commit order.
+//! The batch registry: committed batch ids with their content hash and
+//! report, in commit order. Entries older than the batch TTL stop counting
+//! (a redelivered batch is then planned afresh) and are purged oldest first.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use bytes::Bytes;
 
+use super::expiry::is_expired;
 use crate::batch::BatchReport;
 
 /// One committed batch.
@@ -18,28 +20,49 @@ pub(crate) struct BatchEntry {
 
 #[derive(Debug, Default)]
 pub(crate) struct BatchRegistry {
-    by_id: HashMap<Bytes, usize>,
-    in_order: Vec<BatchEntry>,
+    /// Batch id -> commit number.
+    by_id: HashMap<Bytes, u64>,
+    /// Commit number -> entry; commit order is also time order.
+    in_order: BTreeMap<u64, BatchEntry>,
+    next_commit: u64,
     id_bytes: u64,
 }
 
 impl BatchRegistry {
+    /// The entry for `batch_id`, even if expired.
     pub(crate) fn get(&self, batch_id: &[u8]) -> Option<&BatchEntry> {
-        self.by_id.get(batch_id).and_then(|&i| self.in_order.get(i))
+        self.by_id.get(batch_id).and_then(|n| self.in_order.get(n))
     }
 
-    /// Registers a batch; the caller has checked that its id is new.
+    /// Registers a batch, replacing an expired entry with the same id.
     pub(crate) fn insert(&mut self, entry: BatchEntry) {
-        let previous = self
-            .by_id
-            .insert(entry.batch_id.clone(), self.in_order.len());
-        assert!(previous.is_none(), "batch id registered twice");
+        if let Some(n) = self.by_id.remove(&entry.batch_id) {
+            self.in_order.remove(&n);
+            self.id_bytes -= entry.batch_id.len() as u64;
+        }
         self.id_bytes += entry.batch_id.len() as u64;
-        self.in_order.push(entry);
+        self.by_id.insert(entry.batch_id.clone(), self.next_commit);
+        self.in_order.insert(self.next_commit, entry);
+        self.next_commit += 1;
     }
 
-    pub(crate) fn in_order(&self) -> &[BatchEntry] {
-        &self.in_order
+    /// Drops entries expired at `now_ms`; returns how many.
+    pub(crate) fn purge(&mut self, ttl_ms: Option<u64>, now_ms: u64) -> u64 {
+        let mut dropped = 0;
+        while let Some(entry) = self.in_order.first_entry() {
+            if !is_expired(entry.get().committed_ms, ttl_ms, now_ms) {
+                break;
+            }
+            let entry = entry.remove();
+            self.by_id.remove(&entry.batch_id);
+            self.id_bytes -= entry.batch_id.len() as u64;
+            dropped += 1;
+        }
+        dropped
+    }
+
+    pub(crate) fn in_order(&self) -> impl Iterator<Item = &BatchEntry> {
+        self.in_order.values()
     }
 
     pub(crate) fn len(&self) -> u64 {
@@ -48,8 +71,9 @@ impl BatchRegistry {
 
     /// Estimated heap bytes.
     pub(crate) fn memory_bytes(&self) -> u64 {
-        let per_entry =
-            (std::mem::size_of::<BatchEntry>() + std::mem::size_of::<(Bytes, usize)>() * 2) as u64;
+        let per_entry = (std::mem::size_of::<BatchEntry>()
+            + std::mem::size_of::<u64>()
+            + std::mem::size_of::<(Bytes, u64)>() * 2) as u64;
         self.in_order.len() as u64 * per_entry + self.id_bytes
     }
 }

@@ -1,16 +1,42 @@
-//! Key -> (seq, value location). Tombstones are entries without a value.
+//! Key -> (seq, live value location or tombstone).
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
+use super::expiry::{is_expired, secs_to_ms};
 use crate::log::segments::ValueRef;
 
-/// A key's current version and, when live, where its value is.
+/// A key's current version and what it holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct KeyEntry {
     pub seq: u64,
-    /// `None` is a tombstone.
-    pub value: Option<ValueRef>,
+    pub state: KeyState,
+}
+
+/// A live row's value location, or a tombstone with the second it was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeyState {
+    Live(ValueRef),
+    Deleted { at_secs: u32 },
+}
+const _: () = assert!(std::mem::size_of::<KeyEntry>() == 24);
+
+impl KeyEntry {
+    /// The live value's location; `None` for a tombstone.
+    pub(crate) fn value(&self) -> Option<ValueRef> {
+        match self.state {
+            KeyState::Live(v) => Some(v),
+            KeyState::Deleted { .. } => None,
+        }
+    }
+
+    /// Whether this is a tombstone that has expired at `now_ms`.
+    pub(crate) fn is_expired_tombstone(&self, ttl_ms: Option<u64>, now_ms: u64) -> bool {
+        match self.state {
+            KeyState::Live(_) => false,
+            KeyState::Deleted { at_secs } => is_expired(secs_to_ms(at_secs), ttl_ms, now_ms),
+        }
+    }
 }
 
 /// Ordered map of keys, with running counts for stats.
@@ -26,7 +52,7 @@ impl KeyIndex {
         self.map.get(key).copied()
     }
 
-    /// Sets a key's entry. Versions never go backwards.
+    /// Sets a key's entry.
     pub(crate) fn set(&mut self, key: &[u8], entry: KeyEntry) {
         let old = match self.map.get_mut(key) {
             Some(slot) => Some(std::mem::replace(slot, entry)),
@@ -36,12 +62,8 @@ impl KeyIndex {
                 None
             }
         };
-        debug_assert!(
-            old.is_none_or(|o| o.seq <= entry.seq),
-            "key version went backwards"
-        );
-        let was_live = old.is_some_and(|o| o.value.is_some());
-        match (was_live, entry.value.is_some()) {
+        let was_live = old.is_some_and(|o| o.value().is_some());
+        match (was_live, entry.value().is_some()) {
             (false, true) => self.live += 1,
             (true, false) => self.live -= 1,
             _ => {}
@@ -57,6 +79,24 @@ impl KeyIndex {
             .range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
             .take_while(move |(k, _)| k.starts_with(prefix))
             .map(|(k, e)| (&k[..], *e))
+    }
+
+    /// Drops tombstones expired at `now_ms`; returns how many.
+    pub(crate) fn purge_tombstones(&mut self, ttl_ms: Option<u64>, now_ms: u64) -> u64 {
+        if ttl_ms.is_none() {
+            return 0;
+        }
+        let before = self.map.len();
+        let mut freed = 0u64;
+        self.map.retain(|k, e| {
+            let keep = !e.is_expired_tombstone(ttl_ms, now_ms);
+            if !keep {
+                freed += k.len() as u64;
+            }
+            keep
+        });
+        self.key_bytes -= freed;
+        (before - self.map.len()) as u64
     }
 
     pub(crate) fn live_count(&self) -> u64 {

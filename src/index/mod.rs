@@ -1,11 +1,15 @@
 //! In-memory state rebuilt from the log: keys, seen event ids, the batch
-//! registry, checkpoints and the quarantine. No I/O happens here.
+//! registry, checkpoints, the quarantine and the counters' add marks. No I/O
+//! happens here.
 //!
 //! Invariant: the index equals the result of applying every committed record,
 //! in log order, with [`Index::apply_record`]; live commits and recovery both
-//! go through that one function.
+//! go through that one function. Expiry decisions depend only on the records'
+//! commit times, never on when memory was purged.
 
+pub(crate) mod add_marks;
 pub(crate) mod batches;
+pub(crate) mod expiry;
 pub(crate) mod keys;
 pub(crate) mod seen;
 
@@ -16,77 +20,106 @@ use bytes::Bytes;
 use crate::batch::{BatchReport, QuarantineEntry};
 use crate::format::record::{BatchRecord, WriteView};
 use crate::log::segments::ValueRef;
+use add_marks::AddMarks;
 use batches::{BatchEntry, BatchRegistry};
-use keys::{KeyEntry, KeyIndex};
-use seen::SeenIndex;
+use expiry::{Ttls, is_expired, to_secs_ceil};
+use keys::{KeyEntry, KeyIndex, KeyState};
+use seen::{Seen, SeenIndex};
 
 /// Everything the store knows in memory.
 #[derive(Debug, Default)]
 pub(crate) struct Index {
+    pub ttls: Ttls,
+    /// The latest commit time applied: the log's clock, which never goes back.
+    pub log_time_ms: u64,
     pub keys: KeyIndex,
     pub seen: SeenIndex,
     pub batches: BatchRegistry,
     pub checkpoints: BTreeMap<Bytes, Bytes>,
     pub quarantine: Vec<QuarantineEntry>,
+    pub add_marks: AddMarks,
+}
+
+/// What a purge dropped from memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Purged {
+    pub seen_ids: u64,
+    pub batch_ids: u64,
+    pub tombstones: u64,
 }
 
 impl Index {
+    /// An empty index with the given TTLs.
+    pub(crate) fn new(ttls: Ttls) -> Self {
+        Self {
+            ttls,
+            seen: SeenIndex::new(ttls.seen_ms),
+            add_marks: AddMarks::new(ttls.seen_ms),
+            ..Self::default()
+        }
+    }
+
+    /// A key's entry as planning at `now_ms` sees it: an expired tombstone is no entry.
+    pub(crate) fn key_at(&self, key: &[u8], now_ms: u64) -> Option<KeyEntry> {
+        self.keys
+            .get(key)
+            .filter(|e| !e.is_expired_tombstone(self.ttls.tombstone_ms, now_ms))
+    }
+
+    /// The committed batch with this id, unless its record has expired at `now_ms`.
+    pub(crate) fn batch_at(&self, batch_id: &[u8], now_ms: u64) -> Option<&BatchEntry> {
+        self.batches
+            .get(batch_id)
+            .filter(|e| !is_expired(e.committed_ms, self.ttls.batch_ms, now_ms))
+    }
+
     /// Applies one committed batch record whose body starts at `body_at` in `segment`.
     ///
     /// Fails only if the record contradicts the index (a bump of a key with
-    /// no live row), which recovery reports as corruption.
+    /// no live row, a commit time going back), which recovery reports as
+    /// corruption. A batch id already registered is replaced: the writer only
+    /// commits it again once the old entry expired, and the TTL it used may
+    /// differ from the one this index was opened with.
     pub(crate) fn apply_record(
         &mut self,
         record: &BatchRecord<'_>,
         segment: u32,
         body_at: u32,
     ) -> Result<(), &'static str> {
-        if self.batches.get(record.batch_id).is_some() {
-            return Err("batch id committed twice");
+        let now_ms = record.committed_ms;
+        if now_ms < self.log_time_ms {
+            return Err("commit time earlier than the previous record's");
         }
+        let at_secs = to_secs_ceil(now_ms);
         for w in &record.writes {
-            let entry = match w.op {
+            let state = match w.op {
                 WriteView::Put { value, value_at } => {
                     let offset = u32::try_from(value_at)
                         .ok()
                         .and_then(|at| body_at.checked_add(at))
                         .ok_or("value offset out of range")?;
                     let len = u32::try_from(value.len()).map_err(|_| "value too long")?;
-                    KeyEntry {
-                        seq: w.seq,
-                        value: Some(ValueRef {
-                            segment,
-                            offset,
-                            len,
-                        }),
-                    }
+                    KeyState::Live(ValueRef { segment, offset, len })
                 }
-                WriteView::Delete => KeyEntry {
-                    seq: w.seq,
-                    value: None,
-                },
-                WriteView::Bump => {
-                    let live = self
-                        .keys
-                        .get(w.key)
-                        .and_then(|e| e.value)
-                        .ok_or("version bump of a key with no live row")?;
-                    KeyEntry {
-                        seq: w.seq,
-                        value: Some(live),
-                    }
-                }
+                WriteView::Delete => KeyState::Deleted { at_secs },
+                WriteView::Bump => self
+                    .keys
+                    .get(w.key)
+                    .and_then(|e| e.value())
+                    .map(KeyState::Live)
+                    .ok_or("version bump of a key with no live row")?,
             };
-            self.keys.set(w.key, entry);
+            self.keys.set(w.key, KeyEntry { seq: w.seq, state });
         }
         for &(id, payload) in &record.seen {
-            self.seen.insert(id, payload);
+            self.seen.insert(id, Seen { payload, at_secs });
+        }
+        for &(key, seq) in &record.adds {
+            self.add_marks.record(key, seq, now_ms);
         }
         for &(source, position) in &record.checkpoints {
-            self.checkpoints.insert(
-                Bytes::copy_from_slice(source),
-                Bytes::copy_from_slice(position),
-            );
+            self.checkpoints
+                .insert(Bytes::copy_from_slice(source), Bytes::copy_from_slice(position));
         }
         let batch_id = Bytes::copy_from_slice(record.batch_id);
         for q in &record.quarantine {
@@ -101,8 +134,18 @@ impl Index {
             batch_id,
             content_hash: record.content_hash,
             report: BatchReport::from_counts(record.counts),
-            committed_ms: record.committed_ms,
+            committed_ms: now_ms,
         });
+        self.log_time_ms = now_ms;
         Ok(())
+    }
+
+    /// Drops from memory what has expired at `now_ms`. Changes no decision.
+    pub(crate) fn purge_expired(&mut self, now_ms: u64) -> Purged {
+        Purged {
+            seen_ids: self.seen.purge(now_ms),
+            batch_ids: self.batches.purge(self.ttls.batch_ms, now_ms),
+            tombstones: self.keys.purge_tombstones(self.ttls.tombstone_ms, now_ms),
+        }
     }
 }

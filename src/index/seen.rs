@@ -1,17 +1,20 @@
-//! Seen event ids: xxh3-128 of the event id -> payload hash.
+//! Seen event ids: xxh3-128 of the event id -> (payload hash, second seen).
 //!
 //! Memory is the constraint (at most 32 bytes per id, see DESIGN.md), so the
-//! bulk of the ids live in one sorted array of 24-byte entries with a small
-//! bucket directory over the top bits of the hash, and only recent inserts
-//! live in a hash map. When the map outgrows a fraction of the array it is
-//! merged in place, from the back, into the array.
+//! bulk of the ids live in one sorted array of 24-byte entries, a parallel
+//! array of 4-byte times and a small bucket directory over the top bits of
+//! the hash; only recent inserts live in a hash map. When the map outgrows a
+//! fraction of the array it is merged in place, from the back, into the
+//! array, and ids expired by then are dropped on the way.
 //!
-//! Invariants: `run` is sorted by id and holds no duplicates; no id is in
-//! both `run` and `recent`; `dir[b]..dir[b + 1]` is exactly the range of
-//! `run` whose ids have top bits `b`.
+//! Invariants: `run` is sorted by id and holds no duplicates; `times` is as
+//! long as `run`; no id is in both `run` and `recent`; `dir[b]..dir[b + 1]`
+//! is exactly the range of `run` whose ids have top bits `b`.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+
+use super::expiry::{is_expired, secs_to_ms};
 
 /// One seen id. `[u64; 2]` rather than `u128` keeps the entry 8-aligned and
 /// 24 bytes long.
@@ -47,56 +50,106 @@ impl Hasher for IdHasher {
 /// Recent inserts merge into the sorted run once they exceed
 /// `max(RECENT_MIN, run / RECENT_FRACTION)`.
 const RECENT_MIN: usize = 4096;
-const RECENT_FRACTION: usize = 16;
+const RECENT_FRACTION: usize = 32;
 /// Target entries per directory bucket.
 const BUCKET_ENTRIES: usize = 8;
 
+/// What the index remembers of a seen id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Seen {
+    pub payload: u64,
+    /// Second (rounded up) of the commit that recorded it.
+    pub at_secs: u32,
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct SeenIndex {
+    ttl_ms: Option<u64>,
     run: Vec<Entry>,
+    times: Vec<u32>,
     dir: Vec<u32>,
     dir_bits: u32,
-    recent: HashMap<[u64; 2], u64, BuildHasherDefault<IdHasher>>,
+    recent: HashMap<[u64; 2], Seen, BuildHasherDefault<IdHasher>>,
 }
 
 impl SeenIndex {
-    /// The payload hash recorded for `id`, if it was seen.
-    pub(crate) fn get(&self, id: u128) -> Option<u64> {
-        let id = split(id);
-        if let Some(&p) = self.recent.get(&id) {
-            return Some(p);
-        }
+    /// An empty index whose ids expire after `ttl_ms` (`None`: never).
+    pub(crate) fn new(ttl_ms: Option<u64>) -> Self {
+        Self { ttl_ms, ..Self::default() }
+    }
+
+    fn find_in_run(&self, id: [u64; 2]) -> Option<usize> {
         let bucket = self.bucket_of(id);
         let lo = *self.dir.get(bucket)? as usize;
         let hi = *self.dir.get(bucket + 1)? as usize;
         let slice = self.run.get(lo..hi)?;
-        slice
-            .binary_search_by(|e| e.id.cmp(&id))
-            .ok()
-            .and_then(|i| slice.get(i))
-            .map(|e| e.payload)
+        slice.binary_search_by(|e| e.id.cmp(&id)).ok().map(|i| lo + i)
     }
 
-    /// Records `id`. The caller has checked that it is not seen yet.
-    pub(crate) fn insert(&mut self, id: u128, payload: u64) {
-        debug_assert!(self.get(id).is_none(), "seen id inserted twice");
-        self.recent.insert(split(id), payload);
-        if self.recent.len() > RECENT_MIN.max(self.run.len() / RECENT_FRACTION) {
-            self.merge();
+    /// What was recorded for `id`, expired or not.
+    pub(crate) fn get(&self, id: u128) -> Option<Seen> {
+        let id = split(id);
+        if let Some(&seen) = self.recent.get(&id) {
+            return Some(seen);
         }
+        let i = self.find_in_run(id)?;
+        Some(Seen { payload: self.run.get(i)?.payload, at_secs: *self.times.get(i)? })
+    }
+
+    /// The payload hash recorded for `id` if it is seen and not expired at `now_ms`.
+    pub(crate) fn get_live(&self, id: u128, now_ms: u64) -> Option<u64> {
+        self.get(id)
+            .filter(|s| !is_expired(secs_to_ms(s.at_secs), self.ttl_ms, now_ms))
+            .map(|s| s.payload)
+    }
+
+    /// Records `id`, replacing an expired record of the same id.
+    pub(crate) fn insert(&mut self, id: u128, seen: Seen) {
+        let id = split(id);
+        if let Some(i) = self.find_in_run(id) {
+            let (Some(entry), Some(time)) = (self.run.get_mut(i), self.times.get_mut(i)) else {
+                unreachable!("run and times have one slot per id");
+            };
+            entry.payload = seen.payload;
+            *time = seen.at_secs;
+            return;
+        }
+        self.recent.insert(id, seen);
+        if self.recent.len() > RECENT_MIN.max(self.run.len() / RECENT_FRACTION) {
+            self.merge(secs_to_ms(seen.at_secs));
+        }
+    }
+
+    /// Drops ids expired at `now_ms`; returns how many.
+    pub(crate) fn purge(&mut self, now_ms: u64) -> u64 {
+        let before = self.len();
+        self.merge(now_ms);
+        before - self.len()
     }
 
     pub(crate) fn len(&self) -> u64 {
         (self.run.len() + self.recent.len()) as u64
     }
 
-    /// Heap bytes held: the run and directory exactly, the map by capacity.
+    /// Every record, in no particular order (for snapshots and compaction).
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u128, Seen)> + '_ {
+        let join = |id: [u64; 2]| (u128::from(id[0]) << 64) | u128::from(id[1]);
+        let run = self
+            .run
+            .iter()
+            .zip(&self.times)
+            .map(move |(e, &at_secs)| (join(e.id), Seen { payload: e.payload, at_secs }));
+        run.chain(self.recent.iter().map(move |(&id, &s)| (join(id), s)))
+    }
+
+    /// Heap bytes held: the arrays and directory exactly, the map by capacity.
     pub(crate) fn memory_bytes(&self) -> u64 {
         let run = self.run.capacity() * std::mem::size_of::<Entry>();
+        let times = self.times.capacity() * std::mem::size_of::<u32>();
         let dir = self.dir.capacity() * std::mem::size_of::<u32>();
         // hashbrown: one slot of (key, value) plus one control byte per bucket.
-        let recent = self.recent.capacity() * (std::mem::size_of::<([u64; 2], u64)>() + 1);
-        (run + dir + recent) as u64
+        let recent = self.recent.capacity() * (std::mem::size_of::<([u64; 2], Seen)>() + 1);
+        (run + times + dir + recent) as u64
     }
 
     fn bucket_of(&self, id: [u64; 2]) -> usize {
@@ -107,39 +160,56 @@ impl SeenIndex {
         }
     }
 
-    /// Moves the recent ids into the sorted run, in place from the back, and
-    /// rebuilds the directory.
+    /// Drops ids expired at `now_ms`, moves the recent ids into the sorted
+    /// run (in place, from the back) and rebuilds the directory.
     #[expect(
         clippy::indexing_slicing,
         reason = "indices are bounded by the merge loop's invariants"
     )]
-    fn merge(&mut self) {
-        let mut fresh: Vec<Entry> = self
+    fn merge(&mut self, now_ms: u64) {
+        let ttl_ms = self.ttl_ms;
+        let is_live = |at_secs: u32| !is_expired(secs_to_ms(at_secs), ttl_ms, now_ms);
+        if ttl_ms.is_some() {
+            let mut kept = 0;
+            for i in 0..self.run.len() {
+                if is_live(self.times[i]) {
+                    self.run[kept] = self.run[i];
+                    self.times[kept] = self.times[i];
+                    kept += 1;
+                }
+            }
+            self.run.truncate(kept);
+            self.times.truncate(kept);
+        }
+        let mut fresh: Vec<(Entry, u32)> = self
             .recent
             .drain()
-            .map(|(id, payload)| Entry { id, payload })
+            .filter(|(_, s)| is_live(s.at_secs))
+            .map(|(id, s)| (Entry { id, payload: s.payload }, s.at_secs))
             .collect();
         self.recent.shrink_to(RECENT_MIN);
-        fresh.sort_unstable();
+        fresh.sort_unstable_by_key(|(e, _)| e.id);
         let old_len = self.run.len();
-        self.run.reserve_exact(fresh.len());
-        self.run.resize(
-            old_len + fresh.len(),
-            Entry {
-                id: [0, 0],
-                payload: 0,
-            },
-        );
+        let new_len = old_len + fresh.len();
+        if self.run.capacity() < new_len || self.run.capacity() > new_len + new_len / 4 {
+            self.run.shrink_to(new_len);
+            self.run.reserve_exact(new_len - self.run.len());
+            self.times.shrink_to(new_len);
+            self.times.reserve_exact(new_len - self.times.len());
+        }
+        self.run.resize(new_len, Entry { id: [0, 0], payload: 0 });
+        self.times.resize(new_len, 0);
         // Merge from the back so that no entry of the old run is overwritten
         // before it is moved: the write cursor never passes the read cursor.
-        let (mut i, mut j, mut w) = (old_len, fresh.len(), self.run.len());
+        let (mut i, mut j, mut w) = (old_len, fresh.len(), new_len);
         while j > 0 {
             w -= 1;
-            if i > 0 && self.run[i - 1].id > fresh[j - 1].id {
+            if i > 0 && self.run[i - 1].id > fresh[j - 1].0.id {
                 self.run[w] = self.run[i - 1];
+                self.times[w] = self.times[i - 1];
                 i -= 1;
             } else {
-                self.run[w] = fresh[j - 1];
+                (self.run[w], self.times[w]) = fresh[j - 1];
                 j -= 1;
             }
         }
@@ -173,6 +243,7 @@ impl SeenIndex {
             self.run.windows(2).all(|w| w[0].id < w[1].id),
             "run sorted and unique"
         );
+        assert_eq!(self.run.len(), self.times.len(), "one time per id");
         assert!(
             self.recent
                 .keys()
@@ -202,30 +273,72 @@ mod tests {
     use super::*;
     use xxhash_rust::xxh3::xxh3_128;
 
+    fn id(i: u64) -> u128 {
+        xxh3_128(&i.to_le_bytes())
+    }
+
+    fn seen(payload: u64, at_secs: u32) -> Seen {
+        Seen { payload, at_secs }
+    }
+
     #[test]
     fn every_inserted_id_is_found_across_merges() {
-        let mut seen = SeenIndex::default();
+        let mut index = SeenIndex::new(None);
         let n = 50_000u64;
         for i in 0..n {
-            let id = xxh3_128(&i.to_le_bytes());
-            assert_eq!(seen.get(id), None);
-            seen.insert(id, i);
+            assert_eq!(index.get(id(i)), None);
+            index.insert(id(i), seen(i, 1));
         }
-        seen.check_invariants();
-        assert_eq!(seen.len(), n);
+        index.check_invariants();
+        assert_eq!(index.len(), n);
         for i in 0..n {
-            assert_eq!(seen.get(xxh3_128(&i.to_le_bytes())), Some(i), "id {i}");
+            assert_eq!(index.get(id(i)), Some(seen(i, 1)), "id {i}");
         }
-        assert_eq!(seen.get(xxh3_128(b"never")), None);
+        assert_eq!(index.get(xxh3_128(b"never")), None);
+    }
+
+    #[test]
+    fn expired_ids_stop_counting_then_leave_memory() {
+        let mut index = SeenIndex::new(Some(10_000));
+        for i in 0..20_000u64 {
+            index.insert(id(i), seen(i, if i < 10_000 { 1 } else { 2 }));
+        }
+        assert_eq!(index.get_live(id(5), 10_999), Some(5));
+        assert_eq!(index.get_live(id(5), 11_000), None, "expired at 1 s + 10 s");
+        assert_eq!(index.get_live(id(15_000), 11_000), Some(15_000));
+        assert_eq!(index.purge(11_000), 10_000);
+        index.check_invariants();
+        assert_eq!(index.get(id(5)), None);
+        assert_eq!(index.get(id(15_000)), Some(seen(15_000, 2)));
+        // Merges drop what has expired by the time of the insert that triggers them.
+        for i in 20_000..40_000u64 {
+            index.insert(id(i), seen(i, 30));
+        }
+        assert!(index.len() < 30_000, "ids seen at 2 s left memory by 30 s");
+        assert_eq!(index.get_live(id(39_999), 30_000), Some(39_999));
+    }
+
+    #[test]
+    fn reinserting_an_expired_id_replaces_its_record() {
+        let mut index = SeenIndex::new(Some(1_000));
+        for i in 0..10_000u64 {
+            index.insert(id(i), seen(i, 1));
+        }
+        index.insert(id(3), seen(33, 50));
+        assert_eq!(index.get_live(id(3), 50_000), Some(33));
+        assert_eq!(index.len(), 10_000);
+        index.check_invariants();
     }
 
     #[test]
     fn memory_stays_under_32_bytes_per_id() {
-        let mut seen = SeenIndex::default();
+        let mut index = SeenIndex::new(None);
         for i in 0..300_000u64 {
-            seen.insert(xxh3_128(&i.to_le_bytes()), i);
+            index.insert(id(i), seen(i, 1));
+            if i % 10_007 == 0 && i > 100_000 {
+                let per_id = index.memory_bytes() as f64 / index.len() as f64;
+                assert!(per_id <= 32.0, "{per_id} bytes per seen id at {i}");
+            }
         }
-        let per_id = seen.memory_bytes() as f64 / seen.len() as f64;
-        assert!(per_id <= 32.0, "{per_id} bytes per seen id");
     }
 }

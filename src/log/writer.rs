@@ -2,8 +2,9 @@
 //! is full (DESIGN.md, "File lifecycle").
 //!
 //! The writer owns one reusable buffer: a record is encoded straight into it
-//! behind room for its frame header, then written with one `append`. The
-//! caller serialises access (the store's writer lock).
+//! behind room for its frame header, placed (framed, rotating first if need
+//! be), checked by the caller, then written with one `append`. The caller
+//! serialises access (the store's writer lock).
 //!
 //! Rotation, in order: sync the full segment (it is now sealed and never
 //! written again), create the next segment with its header, sync it, sync the
@@ -38,15 +39,19 @@ pub(crate) fn create_segment(
     Ok(file)
 }
 
-/// Where an appended record landed.
+/// Where a record goes.
 #[derive(Debug)]
-pub(crate) struct Appended {
+pub(crate) struct Placed {
     pub segment: u32,
+    /// Offset of the record's frame in its segment.
+    pub offset: u32,
     /// Offset of the record's body in its segment.
     pub body_at: u32,
-    /// Log sequence number just after the record (bytes appended since open).
-    pub lsn_end: u64,
-    /// Set when this append started a new segment.
+    pub record_len: u64,
+    /// Log sequence number before the record (bytes appended since open).
+    pub lsn_start: u64,
+    /// Set when placing started a new segment; everything before
+    /// `lsn_start` was synced when the old one was sealed.
     pub new_segment: Option<Arc<dyn StorageFile>>,
 }
 
@@ -88,30 +93,29 @@ impl LogWriter {
         }
     }
 
-    /// Clears the buffer and returns it for encoding a record body.
-    pub(crate) fn begin(&mut self) -> &mut Vec<u8> {
-        self.buf.clear();
-        self.buf.resize(FRAME_HEADER_LEN, 0);
-        &mut self.buf
+    /// Hands out the reusable buffer, cleared, with room for a frame header
+    /// in front: encode the record body after it. Give it back with `finish`.
+    pub(crate) fn begin(&mut self) -> Vec<u8> {
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
+        buf.resize(FRAME_HEADER_LEN, 0);
+        buf
     }
 
-    /// The body encoded since `begin`.
-    pub(crate) fn body(&self) -> &[u8] {
-        self.buf.get(FRAME_HEADER_LEN..).unwrap_or_default()
+    /// Takes the buffer back for the next record.
+    pub(crate) fn finish(&mut self, buf: Vec<u8>) {
+        self.buf = buf;
     }
 
     /// The file records are appended to now.
-    pub(crate) fn active(&self) -> (u32, &Arc<dyn StorageFile>) {
-        (self.active_id, &self.active)
+    pub(crate) fn active_file(&self) -> &Arc<dyn StorageFile> {
+        &self.active
     }
 
-    /// Frames and appends the body encoded since `begin`.
-    ///
-    /// On error the record may be partly written; the caller must refuse
-    /// further appends (a later record after a partial one would turn a torn
-    /// tail into corruption).
-    pub(crate) fn append(&mut self, kind: u8) -> Result<Appended> {
-        let record_len = self.buf.len() as u64;
+    /// Decides where the record in `buf` goes (rotating first if the active
+    /// segment is full) and writes its frame header.
+    pub(crate) fn place(&mut self, buf: &mut [u8], kind: u8) -> Result<Placed> {
+        let record_len = buf.len() as u64;
         let is_full = self.active_len + record_len > self.segment_bytes_max
             || self.active_len + record_len > u64::from(u32::MAX);
         let new_segment = if is_full && self.active_len > SEGMENT_HEADER_LEN as u64 {
@@ -119,24 +123,38 @@ impl LogWriter {
         } else {
             None
         };
-
         let offset = u32::try_from(self.active_len)
             .expect("segment offsets fit in u32 (rotation keeps them so)");
-        let (header, body) = self.buf.split_at_mut(FRAME_HEADER_LEN);
+        let (header, body) = buf.split_at_mut(FRAME_HEADER_LEN);
         encode_frame(header, kind, body, self.active_id, offset);
-        let path = || self.dir.join(segment_file_name(self.active_id));
-        self.active
-            .append(&self.buf)
-            .map_err(|e| Error::io("append", path(), e))?;
-
-        self.active_len += record_len;
-        self.lsn += record_len;
-        Ok(Appended {
+        Ok(Placed {
             segment: self.active_id,
+            offset,
             body_at: offset + FRAME_HEADER_LEN as u32,
-            lsn_end: self.lsn,
+            record_len,
+            lsn_start: self.lsn,
             new_segment,
         })
+    }
+
+    /// Appends a record framed by `place`; returns the position after it.
+    ///
+    /// On error the record may be partly written; the caller must refuse
+    /// further appends (a later record after a partial one would turn a torn
+    /// tail into corruption).
+    pub(crate) fn write(&mut self, buf: &[u8], placed: &Placed) -> Result<u64> {
+        assert_eq!(
+            (u64::from(placed.offset), placed.record_len),
+            (self.active_len, buf.len() as u64),
+            "a record is written where it was placed"
+        );
+        let path = || self.dir.join(segment_file_name(self.active_id));
+        self.active
+            .append(buf)
+            .map_err(|e| Error::io("append", path(), e))?;
+        self.active_len += placed.record_len;
+        self.lsn += placed.record_len;
+        Ok(self.lsn)
     }
 
     /// Seals the active segment and starts the next one.

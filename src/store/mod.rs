@@ -28,6 +28,7 @@ use crate::digest::{Digest, DigestBuilder};
 use crate::error::{Error, Result};
 use crate::format::segment::SEGMENT_HEADER_LEN;
 use crate::index::Index;
+use crate::index::expiry::Ttls;
 use crate::index::keys::KeyEntry;
 use crate::log::names::{LOCK_FILE, segment_file_name};
 use crate::log::segments::{SegmentMaps, ValueRef};
@@ -88,7 +89,8 @@ impl Store {
         let dir = dir.as_ref().to_owned();
         let storage = Arc::clone(&options.storage);
         let lock = lock_dir(storage.as_ref(), &dir)?;
-        let mut index = Index::default();
+        let ttls = Ttls::new(options.seen_ttl, options.batch_ttl, options.tombstone_ttl);
+        let mut index = Index::new(ttls);
         let (mut walk, torn_bytes_discarded) =
             recovery::recover(storage.as_ref(), &dir, &mut index)?;
         let reserve = options.segment_bytes_max.saturating_add(MAP_SLACK_BYTES);
@@ -144,14 +146,11 @@ impl Store {
     pub fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<Record>> {
         let entry = self.index.read().keys.get(key.as_ref());
         match entry {
-            Some(KeyEntry {
-                seq,
-                value: Some(value),
-            }) => Ok(Some(Record {
-                seq,
-                value: self.maps.read(value)?,
-            })),
-            _ => Ok(None),
+            Some(entry) => match entry.value() {
+                Some(value) => Ok(Some(Record { seq: entry.seq, value: self.maps.read(value)? })),
+                None => Ok(None),
+            },
+            None => Ok(None),
         }
     }
 
@@ -161,7 +160,7 @@ impl Store {
         let rows: Vec<(Bytes, u64, ValueRef)> = index
             .keys
             .range_prefix(prefix.as_ref())
-            .filter_map(|(k, e)| e.value.map(|v| (Bytes::copy_from_slice(k), e.seq, v)))
+            .filter_map(|(k, e)| e.value().map(|v| (Bytes::copy_from_slice(k), e.seq, v)))
             .collect();
         Scan {
             maps: &self.maps,
@@ -206,7 +205,6 @@ impl Store {
             .read()
             .batches
             .in_order()
-            .iter()
             .map(|e| LogEntry {
                 batch_id: e.batch_id.clone(),
                 report: e.report,
@@ -224,7 +222,7 @@ impl Store {
         let index = self.index.read();
         let mut builder = DigestBuilder::new();
         for (key, entry) in index.keys.range_prefix(b"") {
-            if let Some(v) = entry.value {
+            if let Some(v) = entry.value() {
                 builder.row(key, entry.seq, &self.maps.read(v)?);
             }
         }
@@ -330,15 +328,20 @@ impl Iterator for Scan<'_> {
     }
 }
 
-/// The committed state, as the planner reads it. Caller holds the index lock.
+/// The committed state as the planner reads it at `now_ms`. Caller holds the index lock.
 struct PlanView<'a> {
     index: &'a Index,
     maps: &'a SegmentMaps,
+    now_ms: u64,
 }
 
 impl StateView for PlanView<'_> {
     fn key(&self, key: &[u8]) -> Option<KeyEntry> {
-        self.index.keys.get(key)
+        self.index.key_at(key, self.now_ms)
+    }
+
+    fn add_floor(&self, key: &[u8]) -> Option<u64> {
+        self.index.add_marks.floor(key, self.now_ms)
     }
 
     fn read_value(&self, value: ValueRef) -> Result<Bytes> {
@@ -346,6 +349,6 @@ impl StateView for PlanView<'_> {
     }
 
     fn seen(&self, id_hash: u128) -> Option<u64> {
-        self.index.seen.get(id_hash)
+        self.index.seen.get_live(id_hash, self.now_ms)
     }
 }

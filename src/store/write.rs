@@ -9,6 +9,7 @@ use crate::apply::plan::{PlanOptions, plan};
 use crate::batch::{Batch, BatchReport};
 use crate::error::{Error, Result, display_id};
 use crate::format::record::{self, KIND_BATCH, QuarantineView};
+use crate::format::segment::FRAME_HEADER_LEN;
 use crate::format::{ID_BYTES_MAX, POSITION_BYTES_MAX, RECORD_BODY_BYTES_MAX};
 use crate::log::names::segment_file_name;
 use crate::options::Durability;
@@ -80,9 +81,11 @@ impl Store {
         let mut writer = self.writer.lock();
         self.commit.check()?;
 
-        let planned = {
+        let (planned, committed_ms) = {
             let index = self.index.read();
-            if let Some(committed) = index.batches.get(batch.id()) {
+            // The log's clock never goes back, whatever the clock says.
+            let now_ms = self.options.clock.now_ms().max(index.log_time_ms);
+            if let Some(committed) = index.batch_at(batch.id(), now_ms) {
                 if committed.content_hash != content_hash {
                     return Err(Error::BatchConflict {
                         batch_id: display_id(batch.id()),
@@ -103,33 +106,25 @@ impl Store {
                 on_conflict: self.options.on_conflict,
                 value_bytes_max: self.options.value_bytes_max,
             };
-            plan(
-                batch,
-                &hashes,
-                &PlanView {
-                    index: &index,
-                    maps: &self.maps,
-                },
-                options,
-            )?
+            let view = PlanView { index: &index, maps: &self.maps, now_ms };
+            (plan(batch, &hashes, &view, options)?, now_ms)
         };
 
-        let committed_ms = self.options.clock.now_ms();
-        let buf = writer.begin();
+        let mut buf = writer.begin();
         record::encode_batch_head(
-            buf,
+            &mut buf,
             batch.id(),
             content_hash,
             committed_ms,
             planned.report.counts(),
         );
-        record::encode_seen(buf, &planned.seen);
-        record::encode_writes_count(buf, planned.writes.len());
+        record::encode_seen(&mut buf, &planned.seen);
+        record::encode_writes_count(&mut buf, planned.writes.len());
         for w in &planned.writes {
-            record::encode_write(buf, w.key, w.seq, w.op);
+            record::encode_write(&mut buf, w.key, w.seq, w.op);
         }
         record::encode_checkpoints(
-            buf,
+            &mut buf,
             batch.checkpoints().iter().map(|(s, p)| (&s[..], &p[..])),
         );
         let rejects: Vec<QuarantineView<'_>> = planned
@@ -141,43 +136,47 @@ impl Store {
                 reason: r.reason.as_bytes(),
             })
             .collect();
-        record::encode_quarantine(buf, &rejects);
-        if writer.body().len() > RECORD_BODY_BYTES_MAX {
+        record::encode_quarantine(&mut buf, &rejects);
+        record::encode_adds(&mut buf, &planned.adds);
+        let body_len = buf.len() - FRAME_HEADER_LEN;
+        if body_len > RECORD_BODY_BYTES_MAX {
             return Err(invalid_batch(
                 batch,
-                format!(
-                    "record of {} bytes exceeds {RECORD_BODY_BYTES_MAX}",
-                    writer.body().len()
-                ),
+                format!("record of {body_len} bytes exceeds {RECORD_BODY_BYTES_MAX}"),
             ));
         }
 
-        let appended = writer
-            .append(KIND_BATCH)
-            .inspect_err(|e| self.commit.poison(format!("append failed: {e}")))?;
-        if let Some(file) = &appended.new_segment {
-            // Rotation synced the sealed segment: all before this record is durable.
-            self.commit.durable(
-                appended.lsn_end
-                    - (writer.body().len() + crate::format::segment::FRAME_HEADER_LEN) as u64,
-            );
+        let placed = writer
+            .place(&mut buf, KIND_BATCH)
+            .inspect_err(|e| self.commit.poison(format!("segment rotation failed: {e}")))?;
+        if let Some(file) = &placed.new_segment {
+            self.commit.durable(placed.lsn_start);
+            let path = self.dir.join(segment_file_name(placed.segment));
             let map = file
                 .map(self.maps_reserve())
-                .map_err(|e| {
-                    Error::io("map", self.dir.join(segment_file_name(appended.segment)), e)
-                })
+                .map_err(|e| Error::io("map", path, e))
                 .inspect_err(|e| self.commit.poison(format!("map failed: {e}")))?;
-            self.maps.insert(appended.segment, Arc::clone(file), map);
+            self.maps.insert(placed.segment, Arc::clone(file), map);
         }
-        let written = record::decode_batch(writer.body()).expect("a record we encoded decodes");
+        // Decode what we are about to write with the same decoder recovery
+        // uses: a record that would not replay is never written.
+        let body = buf.get(FRAME_HEADER_LEN..).unwrap_or_default();
+        let written = record::decode_batch(body).map_err(|e| {
+            invalid_batch(batch, format!("encoded record fails to decode: {}", e.what))
+        })?;
+        let lsn_end = writer
+            .write(&buf, &placed)
+            .inspect_err(|e| self.commit.poison(format!("append failed: {e}")))?;
         self.index
             .write()
-            .apply_record(&written, appended.segment, appended.body_at)
+            .apply_record(&written, placed.segment, placed.body_at)
             .expect("a planned record applies to the index it was planned against");
-        self.commit.written(appended.lsn_end, writer.active().1);
+        self.commit.written(lsn_end, writer.active_file());
+        drop(written);
+        writer.finish(buf);
         drop(writer);
 
-        self.wait_durable(appended.lsn_end)?;
+        self.wait_durable(lsn_end)?;
         Ok(planned.report)
     }
 

@@ -1,0 +1,57 @@
+//! When an entry stops counting (DESIGN.md, "Expiry").
+//!
+//! Expiry is logical first: an entry whose time plus TTL is at or before the
+//! planning time is treated as absent, whether or not it has been dropped
+//! from memory yet. Dropping (purging) is then only a matter of space, and
+//! when it happens cannot change any decision. Times are the batch records'
+//! commit times, so replay decides exactly what the live store decided.
+
+use std::time::Duration;
+
+/// The three TTLs, in milliseconds (`None`: never expires).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Ttls {
+    pub seen_ms: Option<u64>,
+    pub batch_ms: Option<u64>,
+    pub tombstone_ms: Option<u64>,
+}
+
+fn millis(ttl: Option<Duration>) -> Option<u64> {
+    ttl.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl Ttls {
+    pub(crate) fn new(seen: Option<Duration>, batch: Option<Duration>, tombstone: Option<Duration>) -> Self {
+        Self { seen_ms: millis(seen), batch_ms: millis(batch), tombstone_ms: millis(tombstone) }
+    }
+}
+
+/// Whether something stamped at `at_ms` has expired at `now_ms`.
+pub(crate) fn is_expired(at_ms: u64, ttl_ms: Option<u64>, now_ms: u64) -> bool {
+    ttl_ms.is_some_and(|ttl| at_ms.saturating_add(ttl) <= now_ms)
+}
+
+/// A time in whole seconds, rounded up so that an entry never expires early.
+pub(crate) fn to_secs_ceil(ms: u64) -> u32 {
+    u32::try_from(ms.div_ceil(1000)).unwrap_or(u32::MAX)
+}
+
+/// Milliseconds of a time stored in seconds.
+pub(crate) fn secs_to_ms(secs: u32) -> u64 {
+    u64::from(secs) * 1000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expiry_is_at_or_after_the_ttl_never_before() {
+        assert!(!is_expired(1_500, Some(1_000), 2_499));
+        assert!(is_expired(1_500, Some(1_000), 2_500));
+        assert!(!is_expired(0, None, u64::MAX));
+        // Rounding a stamp to seconds only ever delays expiry.
+        let stamp = secs_to_ms(to_secs_ceil(1_500));
+        assert!(stamp >= 1_500 && !is_expired(stamp, Some(1_000), 2_500));
+    }
+}
