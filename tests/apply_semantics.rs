@@ -8,7 +8,9 @@
 use std::path::Path;
 
 use bytes::Bytes;
-use idemkv::{Batch, BatchReport, Digest, Error, OnConflict, Options, QuarantineEntry, Record, Store};
+use idemkv::{
+    Batch, BatchReport, Digest, Error, OnConflict, Options, QuarantineEntry, Record, Store,
+};
 
 const VALUE_BYTES_MAX: usize = 1024;
 
@@ -36,9 +38,15 @@ fn apply(store: &Store, batch: &Batch) -> Result<BatchReport, Error> {
 
 fn commit(store: &Store, batch: &Batch) -> BatchReport {
     let report = apply(store, batch).unwrap_or_else(|e| {
-        panic!("batch {:?} failed: {e}", String::from_utf8_lossy(batch.id()))
+        panic!(
+            "batch {:?} failed: {e}",
+            String::from_utf8_lossy(batch.id())
+        )
     });
-    assert!(!report.replayed, "a first commit is not a replay: {report:?}");
+    assert!(
+        !report.replayed,
+        "a first commit is not a replay: {report:?}"
+    );
     report
 }
 
@@ -111,7 +119,13 @@ fn facts(store: &Store, sources: &[&str], batch_ids: &[&str]) -> Facts {
 }
 
 /// Drops `store`, opens the directory again and checks that nothing changed.
-fn reopen(store: Store, dir: &Path, options: Options, sources: &[&str], batch_ids: &[&str]) -> Store {
+fn reopen(
+    store: Store,
+    dir: &Path,
+    options: Options,
+    sources: &[&str],
+    batch_ids: &[&str],
+) -> Store {
     let before = facts(&store, sources, batch_ids);
     drop(store);
     let store = open(dir, options);
@@ -213,7 +227,11 @@ fn story_of_redeliveries_conflicts_deletes_deltas_and_reopen() {
     assert_eq!(row(&store, "O1/5"), None);
     assert_eq!(checkpoint(&store, "cdc"), Some(8));
     let keys: Vec<Bytes> = rows(&store).into_iter().map(|(k, _)| k).collect();
-    assert_eq!(keys, ["O1/1", "O1/2", "O1/3", "O1/4", "O1/6", "visits"].map(|k| Bytes::from_static(k.as_bytes())));
+    assert_eq!(
+        keys,
+        ["O1/1", "O1/2", "O1/3", "O1/4", "O1/6", "visits"]
+            .map(|k| Bytes::from_static(k.as_bytes()))
+    );
     let digest_b1 = digest(&store);
     assert_ne!(digest_b1, empty_digest);
     let rows_b1 = rows(&store);
@@ -240,12 +258,26 @@ fn story_of_redeliveries_conflicts_deletes_deltas_and_reopen() {
     let replay = apply(&store, &first_delivery("B1")).expect("replay of B1");
     assert!(replay.replayed, "{replay:?}");
     assert_eq!(replay.counts(), r1.counts());
-    assert_eq!(checkpoint(&store, "cdc"), Some(20), "a replay must not move the checkpoint");
+    assert_eq!(
+        checkpoint(&store, "cdc"),
+        Some(20),
+        "a replay must not move the checkpoint"
+    );
     assert_eq!(digest(&store), digest_b3);
     assert_eq!(rows(&store), rows_b3);
-    assert_eq!(store.batch("B1").unwrap(), Some(r1), "store.batch reports replayed = false");
+    assert_eq!(
+        store.batch("B1").unwrap(),
+        Some(r1),
+        "store.batch reports replayed = false"
+    );
     let replay2 = apply(&store, &first_delivery("B2")).expect("replay of B2");
-    assert_eq!(replay2, BatchReport { replayed: true, ..r2 });
+    assert_eq!(
+        replay2,
+        BatchReport {
+            replayed: true,
+            ..r2
+        }
+    );
 
     // --- Same batch id, other content: other deliveries, or other checkpoints.
     let mut fewer = Batch::new("B1");
@@ -278,9 +310,17 @@ fn story_of_redeliveries_conflicts_deletes_deltas_and_reopen() {
         .put("e1", "O1/1", 10, "not v1")
         .checkpoint("cdc", position(30));
     assert_conflicting(apply(&store, &b4_bad), "B4", 1, "e1");
-    assert_eq!(row(&store, "O1/8"), None, "nothing of a failed batch is applied");
+    assert_eq!(
+        row(&store, "O1/8"),
+        None,
+        "nothing of a failed batch is applied"
+    );
     assert_eq!(row(&store, "O1/1"), live(10, "v1"));
-    assert_eq!(checkpoint(&store, "cdc"), Some(20), "a failed batch does not move the checkpoint");
+    assert_eq!(
+        checkpoint(&store, "cdc"),
+        Some(20),
+        "a failed batch does not move the checkpoint"
+    );
     assert_eq!(store.batch("B4").unwrap(), None);
     assert_eq!(digest(&store), digest_b3);
     // The failed batch recorded nothing as seen and did not claim its id.
@@ -290,7 +330,11 @@ fn story_of_redeliveries_conflicts_deletes_deltas_and_reopen() {
             .put("e8", "O1/8", 10, "v8")
             .checkpoint("cdc", position(30)),
     );
-    assert_eq!(r4, report(|r| r.inserted = 1), "e8 must be new: the failed batch recorded nothing");
+    assert_eq!(
+        r4,
+        report(|r| r.inserted = 1),
+        "e8 must be new: the failed batch recorded nothing"
+    );
     committed.push(("B4", r4));
     assert_eq!(checkpoint(&store, "cdc"), Some(30));
 
@@ -302,11 +346,20 @@ fn story_of_redeliveries_conflicts_deletes_deltas_and_reopen() {
     let invalid: Vec<(Batch, &str)> = vec![
         (Batch::new("B5").put("e10", "", 10, "x"), "e10"),
         (Batch::new("B5").put("", "O1/10", 10, "x"), ""),
-        (Batch::new("B5").put("e11", long_key.as_str(), 10, "x"), "e11"),
-        (Batch::new("B5").put(long_id.as_str(), "O1/10", 10, "x"), long_id.as_str()),
+        (
+            Batch::new("B5").put("e11", long_key.as_str(), 10, "x"),
+            "e11",
+        ),
+        (
+            Batch::new("B5").put(long_id.as_str(), "O1/10", 10, "x"),
+            long_id.as_str(),
+        ),
         (Batch::new("B5").put("e12", "O1/10", 10, &long_value), "e12"),
         (Batch::new("B5").add("e13", "O1/1", 11, 1), "e13"),
-        (Batch::new("B5").malformed("e14", "line 7 is not JSON"), "e14"),
+        (
+            Batch::new("B5").malformed("e14", "line 7 is not JSON"),
+            "e14",
+        ),
         // Static checks come before the seen check: a seen id with an empty
         // key is invalid, not a conflict.
         (Batch::new("B5").put("e1", "", 10, "v1"), "e1"),
@@ -387,8 +440,16 @@ fn story_of_redeliveries_conflicts_deletes_deltas_and_reopen() {
         "a stale event's id is seen, so its redelivery is a duplicate"
     );
     committed.push(("B8", r8));
-    assert_eq!(row(&store, "O1/99"), None, "a tombstone of an absent key holds older puts back");
-    assert_eq!(row(&store, "O1/3"), live(10, "v3"), "an older delete is stale");
+    assert_eq!(
+        row(&store, "O1/99"),
+        None,
+        "a tombstone of an absent key holds older puts back"
+    );
+    assert_eq!(
+        row(&store, "O1/3"),
+        live(10, "v3"),
+        "an older delete is stale"
+    );
     let r9 = commit(&store, &Batch::new("B9").put("e26", "O1/99", 6, "newer"));
     assert_eq!(r9, report(|r| r.inserted = 1));
     committed.push(("B9", r9));
@@ -400,7 +461,11 @@ fn story_of_redeliveries_conflicts_deletes_deltas_and_reopen() {
     assert_eq!(r10, report(|r| r.unchanged = 1));
     committed.push(("B10", r10));
     assert_eq!(row(&store, "O1/4"), live(11, "v4"));
-    assert_ne!(digest(&store), before_unchanged, "the digest covers the seq");
+    assert_ne!(
+        digest(&store),
+        before_unchanged,
+        "the digest covers the seq"
+    );
     let r11 = commit(
         &store,
         &Batch::new("B11")
@@ -447,7 +512,11 @@ fn story_of_redeliveries_conflicts_deletes_deltas_and_reopen() {
         })
     );
     committed.push(("B13", r13));
-    assert_eq!(row(&store, "visits"), live(11, "-8"), "seq becomes the max of both");
+    assert_eq!(
+        row(&store, "visits"),
+        live(11, "-8"),
+        "seq becomes the max of both"
+    );
     // A delta on a deleted key starts from zero and keeps the tombstone's seq if newer.
     let r14 = commit(
         &store,
@@ -495,19 +564,34 @@ fn story_of_redeliveries_conflicts_deletes_deltas_and_reopen() {
         })
     );
     committed.push(("Q1", rq1));
-    assert_eq!(checkpoint(&store, "cdc"), Some(50), "the rest of the batch commits");
+    assert_eq!(
+        checkpoint(&store, "cdc"),
+        Some(50),
+        "the rest of the batch commits"
+    );
     assert_eq!(row(&store, "O1/1"), live(10, "v1"));
     assert_eq!(row(&store, "O1/40"), live(1, "q"));
     assert_eq!(row(&store, "O1/41"), None);
     let q = sorted_quarantine(&store);
     assert_eq!(q.len(), 3, "{q:?}");
     assert_eq!(
-        (&q[0].batch_id[..], q[0].index, &q[0].event_id[..], q[0].reason.as_str()),
+        (
+            &q[0].batch_id[..],
+            q[0].index,
+            &q[0].event_id[..],
+            q[0].reason.as_str()
+        ),
         (&b"Q1"[..], 1, &b"e1"[..], "conflicting_event")
     );
-    assert_eq!((&q[1].batch_id[..], q[1].index, &q[1].event_id[..]), (&b"Q1"[..], 2, &b""[..]));
+    assert_eq!(
+        (&q[1].batch_id[..], q[1].index, &q[1].event_id[..]),
+        (&b"Q1"[..], 2, &b""[..])
+    );
     assert!(q[1].reason.starts_with("invalid: "), "{:?}", q[1].reason);
-    assert_eq!((&q[2].batch_id[..], q[2].index, &q[2].event_id[..]), (&b"Q1"[..], 3, &b"e41"[..]));
+    assert_eq!(
+        (&q[2].batch_id[..], q[2].index, &q[2].event_id[..]),
+        (&b"Q1"[..], 3, &b"e41"[..])
+    );
     assert!(q[2].reason.starts_with("invalid: "), "{:?}", q[2].reason);
 
     // Rejected deliveries are not recorded as seen: they are rejected again, not duplicates.
@@ -528,8 +612,18 @@ fn story_of_redeliveries_conflicts_deletes_deltas_and_reopen() {
     committed.push(("Q2", rq2));
     assert_eq!(store.quarantine().len(), 5);
     let replay_q1 = apply(&store, &q1).expect("replay of Q1");
-    assert_eq!(replay_q1, BatchReport { replayed: true, ..rq1 });
-    assert_eq!(store.quarantine().len(), 5, "a replay quarantines nothing new");
+    assert_eq!(
+        replay_q1,
+        BatchReport {
+            replayed: true,
+            ..rq1
+        }
+    );
+    assert_eq!(
+        store.quarantine().len(),
+        5,
+        "a replay quarantines nothing new"
+    );
 
     // --- Reopen again: rows, seqs, checkpoints, batches, quarantine, digest.
     let final_digest = digest(&store);
@@ -563,7 +657,13 @@ fn story_of_redeliveries_conflicts_deletes_deltas_and_reopen() {
     );
     assert_eq!(digest(&store), final_digest);
     let replay = apply(&store, &first_delivery("B1")).expect("replay of B1 after reopen");
-    assert_eq!(replay, BatchReport { replayed: true, ..r1 });
+    assert_eq!(
+        replay,
+        BatchReport {
+            replayed: true,
+            ..r1
+        }
+    );
     assert_batch_conflict(apply(&store, &moved), "B1");
     assert_conflicting(
         apply(&store, &Batch::new("B101").put("e20", "O1/2", 21, "x")),
@@ -602,11 +702,19 @@ fn every_payload_difference_is_a_conflict() {
         Batch::new("X").put("a", "n", 5, "2"),
     ];
     for v in &variants {
-        assert_conflicting(apply(&store, v), "X", 0, std::str::from_utf8(&v.deliveries()[0].event_id).unwrap());
+        assert_conflicting(
+            apply(&store, v),
+            "X",
+            0,
+            std::str::from_utf8(&v.deliveries()[0].event_id).unwrap(),
+        );
     }
     // Inside one batch: the second delivery of an id with another payload.
     assert_conflicting(
-        apply(&store, &Batch::new("X").put("q", "k", 9, "v").put("q", "k", 9, "w")),
+        apply(
+            &store,
+            &Batch::new("X").put("q", "k", 9, "v").put("q", "k", 9, "w"),
+        ),
         "X",
         1,
         "q",
@@ -639,7 +747,11 @@ fn size_limits_are_inclusive() {
     );
     assert_eq!(r, report(|r| r.inserted = 2));
     assert_eq!(row(&store, &key), Some((1, value.clone())));
-    assert_eq!(row(&store, "k2"), Some((1, vec![])), "an empty value is a value");
+    assert_eq!(
+        row(&store, "k2"),
+        Some((1, vec![])),
+        "an empty value is a value"
+    );
     let store = reopen(store, dir.path(), options(), &[], &["B1"]);
     assert_eq!(row(&store, &key), Some((1, value)));
     assert_eq!(row(&store, "k2"), Some((1, vec![])));
@@ -649,7 +761,12 @@ fn size_limits_are_inclusive() {
 fn value_limit_follows_the_option() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path(), Options::default().value_bytes_max(8));
-    assert_invalid(apply(&store, &Batch::new("B1").put("e1", "k", 1, "123456789")), "B1", 0, "e1");
+    assert_invalid(
+        apply(&store, &Batch::new("B1").put("e1", "k", 1, "123456789")),
+        "B1",
+        0,
+        "e1",
+    );
     let r = commit(&store, &Batch::new("B1").put("e1", "k", 1, "12345678"));
     assert_eq!(r, report(|r| r.inserted = 1));
 }
@@ -702,21 +819,46 @@ fn counter_values_must_be_canonical_decimal() {
 fn counter_overflow_is_invalid() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path(), options());
-    commit(&store, &Batch::new("B1").add("a", "up", 1, i64::MAX).add("b", "down", 1, i64::MIN));
+    commit(
+        &store,
+        &Batch::new("B1")
+            .add("a", "up", 1, i64::MAX)
+            .add("b", "down", 1, i64::MIN),
+    );
     assert_eq!(row(&store, "up"), live(1, &i64::MAX.to_string()));
     assert_eq!(row(&store, "down"), live(1, &i64::MIN.to_string()));
-    assert_invalid(apply(&store, &Batch::new("B2").add("c", "up", 2, 1)), "B2", 0, "c");
-    assert_invalid(apply(&store, &Batch::new("B2").add("d", "down", 2, -1)), "B2", 0, "d");
+    assert_invalid(
+        apply(&store, &Batch::new("B2").add("c", "up", 2, 1)),
+        "B2",
+        0,
+        "c",
+    );
+    assert_invalid(
+        apply(&store, &Batch::new("B2").add("d", "down", 2, -1)),
+        "B2",
+        0,
+        "d",
+    );
     // Within one batch: the second add overflows what the first produced.
     assert_invalid(
-        apply(&store, &Batch::new("B2").add("e", "mid", 1, i64::MAX - 1).add("f", "mid", 1, 2)),
+        apply(
+            &store,
+            &Batch::new("B2")
+                .add("e", "mid", 1, i64::MAX - 1)
+                .add("f", "mid", 1, 2),
+        ),
         "B2",
         1,
         "f",
     );
     assert_eq!(row(&store, "mid"), None);
     assert_eq!(row(&store, "up"), live(1, &i64::MAX.to_string()));
-    let r = commit(&store, &Batch::new("B2").add("c", "up", 2, -1).add("d", "down", 2, 1));
+    let r = commit(
+        &store,
+        &Batch::new("B2")
+            .add("c", "up", 2, -1)
+            .add("d", "down", 2, 1),
+    );
     assert_eq!(r, report(|r| r.added = 2));
 }
 
@@ -725,8 +867,12 @@ fn quarantine_holds_every_kind_of_invalid_event() {
     let dir = tempfile::tempdir().unwrap();
     let options = options().on_conflict(OnConflict::Quarantine);
     let store = open(dir.path(), options.clone());
-    commit(&store, &Batch::new("B0").put("e0", "text", 1, "not a number"));
+    commit(
+        &store,
+        &Batch::new("B0").put("e0", "text", 1, "not a number"),
+    );
     let long_key = "k".repeat(4097);
+    let long_id = "i".repeat(4097);
     let long_value = vec![b'x'; VALUE_BYTES_MAX + 1];
     let batch = Batch::new("B1")
         .put("e1", "", 1, "x")
@@ -737,12 +883,13 @@ fn quarantine_holds_every_kind_of_invalid_event() {
         .malformed("e5", "line 3: unexpected end of input")
         .put("e0", "text", 1, "other")
         .put("e6", "ok", 1, "fine")
+        .put(long_id.as_str(), "k", 1, "x")
         .checkpoint("src", position(6));
     let r = commit(&store, &batch);
     assert_eq!(
         r,
         report(|r| {
-            r.rejected = 7;
+            r.rejected = 8;
             r.inserted = 1;
         })
     );
@@ -759,6 +906,7 @@ fn quarantine_holds_every_kind_of_invalid_event() {
             (4, &b"e4"[..]),
             (5, &b"e5"[..]),
             (6, &b"e0"[..]),
+            (8, long_id.as_bytes()),
         ]
     );
     for e in &q {
@@ -772,7 +920,7 @@ fn quarantine_holds_every_kind_of_invalid_event() {
     assert_eq!(row(&store, "text"), live(1, "not a number"));
     assert_eq!(row(&store, "k"), None);
     let store = reopen(store, dir.path(), options, &["src"], &["B0", "B1"]);
-    assert_eq!(store.quarantine().len(), 7);
+    assert_eq!(store.quarantine().len(), 8);
 }
 
 #[test]
@@ -780,7 +928,12 @@ fn empty_batch_id_is_an_invalid_batch() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path(), options());
     let before = digest(&store);
-    match apply(&store, &Batch::new("").put("e1", "k", 1, "v").checkpoint("s", position(1))) {
+    match apply(
+        &store,
+        &Batch::new("")
+            .put("e1", "k", 1, "v")
+            .checkpoint("s", position(1)),
+    ) {
         Err(Error::InvalidBatch { .. }) => {}
         other => panic!("expected InvalidBatch, got {other:?}"),
     }
@@ -801,7 +954,10 @@ fn empty_batch_commits_its_checkpoint() {
     assert_eq!(store.batch("B1").unwrap(), Some(BatchReport::default()));
     let replay = apply(&store, &Batch::new("B1").checkpoint("s", position(7))).unwrap();
     assert!(replay.replayed);
-    assert_batch_conflict(apply(&store, &Batch::new("B1").checkpoint("s", position(8))), "B1");
+    assert_batch_conflict(
+        apply(&store, &Batch::new("B1").checkpoint("s", position(8))),
+        "B1",
+    );
     assert_batch_conflict(apply(&store, &Batch::new("B1")), "B1");
     // Checkpoints only: the last setting of a source in a batch wins; other sources stay.
     commit(
@@ -823,8 +979,19 @@ fn digest_depends_only_on_rows_and_checkpoints() {
     let b_dir = tempfile::tempdir().unwrap();
     let a = open(a_dir.path(), options());
     let b = open(b_dir.path(), options());
-    commit(&a, &Batch::new("A1").put("e1", "k1", 3, "x").put("e2", "k2", 1, "gone"));
-    commit(&a, &Batch::new("A2").delete("e3", "k2", 2).add("e4", "n", 5, 2).add("e5", "n", 1, 5));
+    commit(
+        &a,
+        &Batch::new("A1")
+            .put("e1", "k1", 3, "x")
+            .put("e2", "k2", 1, "gone"),
+    );
+    commit(
+        &a,
+        &Batch::new("A2")
+            .delete("e3", "k2", 2)
+            .add("e4", "n", 5, 2)
+            .add("e5", "n", 1, 5),
+    );
     commit(&a, &Batch::new("A3").checkpoint("s", position(1)));
     commit(&a, &Batch::new("A4").checkpoint("s", position(2)));
     commit(
@@ -838,7 +1005,12 @@ fn digest_depends_only_on_rows_and_checkpoints() {
     assert_eq!(rows(&a), rows(&b));
     assert_eq!(digest(&a), digest(&b));
     assert_eq!(digest(&a).to_string().len(), 32);
-    assert!(digest(&a).to_string().chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+    assert!(
+        digest(&a)
+            .to_string()
+            .chars()
+            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+    );
     // A checkpoint is part of the state.
     commit(&b, &Batch::new("more").checkpoint("s", position(3)));
     assert_ne!(digest(&a), digest(&b));

@@ -15,7 +15,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use bytes::Bytes;
-use idemkv::{Batch, BatchReport, Delivery, Digest, Durability, Error, OnConflict, Op, Options, Record, Store};
+use idemkv::{
+    Batch, BatchReport, Delivery, Digest, Durability, Error, OnConflict, Op, Options, Record, Store,
+};
 use proptest::prelude::*;
 use proptest::sample::Index;
 
@@ -321,7 +323,7 @@ enum Step {
     Apply {
         id: BatchIdSpec,
         deliveries: Vec<DeliverySpec>,
-        checkpoint: Option<(usize, u8)>,
+        checkpoints: Vec<(usize, u8)>,
     },
     Reopen,
 }
@@ -365,12 +367,12 @@ fn step() -> impl Strategy<Value = Step> {
         10 => (
             id,
             prop::collection::vec(delivery_spec(), 0..8),
-            prop::option::weighted(0.5, (0..SOURCES.len(), any::<u8>())),
+            prop::collection::vec((0..SOURCES.len(), any::<u8>()), 0..3),
         )
-            .prop_map(|(id, deliveries, checkpoint)| Step::Apply {
+            .prop_map(|(id, deliveries, checkpoints)| Step::Apply {
                 id,
                 deliveries,
-                checkpoint,
+                checkpoints,
             }),
         1 => Just(Step::Reopen),
     ]
@@ -526,14 +528,19 @@ impl Runner {
         d
     }
 
-    fn batch(&mut self, id: &BatchIdSpec, specs: &[DeliverySpec], checkpoint: Option<(usize, u8)>) -> Batch {
+    fn batch(
+        &mut self,
+        id: &BatchIdSpec,
+        specs: &[DeliverySpec],
+        checkpoints: &[(usize, u8)],
+    ) -> Batch {
         let fresh_content = |runner: &mut Runner, id: Bytes| {
             let mut batch = Batch::new(id);
             for spec in specs {
                 let d = runner.delivery(spec);
                 batch.push_delivery(d);
             }
-            if let Some((source, position)) = checkpoint {
+            for &(source, position) in checkpoints {
                 batch.set_checkpoint(SOURCES[source], [position]);
             }
             batch
@@ -557,13 +564,25 @@ impl Runner {
 
     /// Store and model agree on everything observable.
     fn check(&mut self, store: &Store, context: &str) {
-        assert_eq!(store_rows(store), model_rows(&self.model), "rows after {context}");
+        assert_eq!(
+            store_rows(store),
+            model_rows(&self.model),
+            "rows after {context}"
+        );
         for key in KEYS.iter().chain(["k0x", "absent"].iter()) {
-            let expected = self.model.rows.get(key.as_bytes()).map(|(seq, value)| Record {
-                seq: *seq,
-                value: value.clone(),
-            });
-            assert_eq!(store.get(key).expect("get"), expected, "get({key}) after {context}");
+            let expected = self
+                .model
+                .rows
+                .get(key.as_bytes())
+                .map(|(seq, value)| Record {
+                    seq: *seq,
+                    value: value.clone(),
+                });
+            assert_eq!(
+                store.get(key).expect("get"),
+                expected,
+                "get({key}) after {context}"
+            );
         }
         for source in SOURCES {
             assert_eq!(
@@ -588,7 +607,11 @@ impl Runner {
                 let refusal = if q.reason == "conflicting_event" {
                     Refusal::Conflict
                 } else {
-                    assert!(q.reason.starts_with("invalid: "), "quarantine reason {:?}", q.reason);
+                    assert!(
+                        q.reason.starts_with("invalid: "),
+                        "quarantine reason {:?}",
+                        q.reason
+                    );
                     Refusal::Invalid
                 };
                 (q.batch_id, q.index, q.event_id, refusal)
@@ -607,7 +630,10 @@ impl Runner {
             "the digest must change exactly when rows or checkpoints change ({context})"
         );
         if let Some(known) = self.digest_of.get(&state) {
-            assert_eq!(*known, digest, "equal states, different digests ({context})");
+            assert_eq!(
+                *known, digest,
+                "equal states, different digests ({context})"
+            );
         }
         if let Some(known) = self.state_of.get(&digest) {
             assert_eq!(*known, state, "one digest for two states ({context})");
@@ -644,15 +670,19 @@ fn run(policy: OnConflict, steps: Vec<Step>) {
             Step::Apply {
                 id,
                 deliveries,
-                checkpoint,
+                checkpoints,
             } => {
-                let batch = runner.batch(id, deliveries, *checkpoint);
+                let batch = runner.batch(id, deliveries, checkpoints);
                 let expected = runner.model.apply(&batch, runner.policy);
                 let actual = store.apply_batch(&batch).map_err(failure_of);
                 let context = format!("step {n}: batch {batch:?}");
                 assert_eq!(actual, expected, "outcome of {context}");
                 if let Ok(report) = &actual {
-                    assert_eq!(report.deliveries(), batch.len() as u64, "counts add up ({context})");
+                    assert_eq!(
+                        report.deliveries(),
+                        batch.len() as u64,
+                        "counts add up ({context})"
+                    );
                     if !report.replayed {
                         runner.committed.push(Bytes::copy_from_slice(batch.id()));
                     }
@@ -667,7 +697,10 @@ fn run(policy: OnConflict, steps: Vec<Step>) {
     // A store built directly from the model's final state has the same digest.
     let state = runner.model.logical_state();
     let other_dir = tempfile::tempdir().unwrap();
-    let other = open(other_dir.path(), options(OnConflict::Fail).value_bytes_max(1 << 10));
+    let other = open(
+        other_dir.path(),
+        options(OnConflict::Fail).value_bytes_max(1 << 10),
+    );
     let mut batch = Batch::new("direct");
     for (i, (key, (seq, value))) in state.0.iter().enumerate() {
         batch = batch.put(format!("direct{i}"), key, *seq, value);
@@ -676,7 +709,11 @@ fn run(policy: OnConflict, steps: Vec<Step>) {
         batch = batch.checkpoint(source, position);
     }
     other.apply_batch(&batch).expect("direct batch");
-    assert_eq!(other.digest().expect("digest"), runner.last.1, "digest of the same state built directly");
+    assert_eq!(
+        other.digest().expect("digest"),
+        runner.last.1,
+        "digest of the same state built directly"
+    );
 }
 
 fn config(cases: u32) -> ProptestConfig {
@@ -688,15 +725,15 @@ fn config(cases: u32) -> ProptestConfig {
 }
 
 proptest! {
-    #![proptest_config(config(96))]
+    #![proptest_config(config(128))]
 
     #[test]
-    fn store_agrees_with_model_under_fail(steps in prop::collection::vec(step(), 1..24)) {
+    fn store_agrees_with_model_under_fail(steps in prop::collection::vec(step(), 1..32)) {
         run(OnConflict::Fail, steps);
     }
 
     #[test]
-    fn store_agrees_with_model_under_quarantine(steps in prop::collection::vec(step(), 1..24)) {
+    fn store_agrees_with_model_under_quarantine(steps in prop::collection::vec(step(), 1..32)) {
         run(OnConflict::Quarantine, steps);
     }
 }
@@ -713,22 +750,28 @@ struct Event {
 }
 
 fn events() -> impl Strategy<Value = Vec<Event>> {
-    prop::collection::vec((0..3usize, prop::option::weighted(0.7, 0..3usize)), 1..14).prop_flat_map(|specs| {
-        let n = specs.len();
-        (Just(specs), Just((1..=n as u64).collect::<Vec<_>>()).prop_shuffle()).prop_map(|(specs, seqs)| {
-            specs
-                .into_iter()
-                .zip(seqs)
-                .enumerate()
-                .map(|(i, ((key, value), seq))| Event {
-                    id: format!("e{i}"),
-                    key: KEYS[key],
-                    seq,
-                    value: value.map(|v| VALUES[v]),
+    prop::collection::vec((0..3usize, prop::option::weighted(0.7, 0..3usize)), 1..14).prop_flat_map(
+        |specs| {
+            let n = specs.len();
+            (
+                Just(specs),
+                Just((1..=n as u64).collect::<Vec<_>>()).prop_shuffle(),
+            )
+                .prop_map(|(specs, seqs)| {
+                    specs
+                        .into_iter()
+                        .zip(seqs)
+                        .enumerate()
+                        .map(|(i, ((key, value), seq))| Event {
+                            id: format!("e{i}"),
+                            key: KEYS[key],
+                            seq,
+                            value: value.map(|v| VALUES[v]),
+                        })
+                        .collect()
                 })
-                .collect()
-        })
-    })
+        },
+    )
 }
 
 /// One arrangement: delivery order (each event at least once), batch sizes, and
@@ -743,7 +786,11 @@ fn arrangement(n: usize) -> impl Strategy<Value = (Vec<usize>, Vec<usize>, usize
     )
 }
 
-fn deliver(events: &[Event], (order, sizes, reopen_at): &(Vec<usize>, Vec<usize>, usize), tag: &str) -> (Digest, Vec<(Bytes, Record)>) {
+fn deliver(
+    events: &[Event],
+    (order, sizes, reopen_at): &(Vec<usize>, Vec<usize>, usize),
+    tag: &str,
+) -> (Digest, Vec<(Bytes, Record)>) {
     let dir = tempfile::tempdir().unwrap();
     let options = Options::default().durability(Durability::Buffered);
     let mut store = open(dir.path(), options.clone());
@@ -776,8 +823,15 @@ fn deliver(events: &[Event], (order, sizes, reopen_at): &(Vec<usize>, Vec<usize>
         }
     }
     let n = events.len() as u64;
-    assert_eq!(total.duplicates, order.len() as u64 - n, "every delivery after an event's first is a duplicate");
-    assert_eq!(total.inserted + total.updated + total.unchanged + total.stale + total.deleted, n);
+    assert_eq!(
+        total.duplicates,
+        order.len() as u64 - n,
+        "every delivery after an event's first is a duplicate"
+    );
+    assert_eq!(
+        total.inserted + total.updated + total.unchanged + total.stale + total.deleted,
+        n
+    );
     assert_eq!((total.added, total.rejected), (0, 0));
     (store.digest().expect("digest"), store_rows(&store))
 }

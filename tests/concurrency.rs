@@ -1,0 +1,251 @@
+//! Contract area: concurrency (SPEC section 4).
+//!
+//! Several writers commit small `Sync` batches to one store at once (group
+//! commit) while readers check that no batch is ever half visible. Each
+//! writer owns two keys, `t{n}/a` and `t{n}/b`; its batch `i` puts the same
+//! value at the same seq into both, adds 1 to a shared counter and sets
+//! checkpoint `t{n}` to `i`. A reader that sees the two keys disagree, a row
+//! without its checkpoint (or the reverse), or the counter out of step with
+//! the rows has seen half a batch.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use bytes::Bytes;
+use idemkv::{Batch, BatchReport, Durability, Options, Record, Store};
+
+const WRITERS: usize = 6;
+const READERS: usize = 2;
+const BATCHES: u64 = 40;
+const COUNTER: &str = "shared/counter";
+
+fn batch_id(t: usize, i: u64) -> String {
+    format!("t{t}-b{i}")
+}
+
+fn value(t: usize, i: u64) -> String {
+    format!("t{t} batch {i}")
+}
+
+fn batch(t: usize, i: u64) -> Batch {
+    let mut batch = Batch::new(batch_id(t, i))
+        .put(format!("t{t}-{i}-a"), format!("t{t}/a"), i + 1, value(t, i))
+        .put(format!("t{t}-{i}-b"), format!("t{t}/b"), i + 1, value(t, i))
+        .add(format!("t{t}-{i}-c"), COUNTER, 1, 1);
+    if i > 0 {
+        // A redelivery of the previous batch's first event: a duplicate.
+        batch = batch.put(
+            format!("t{t}-{}-a", i - 1),
+            format!("t{t}/a"),
+            i,
+            value(t, i - 1),
+        );
+    }
+    batch.checkpoint(format!("t{t}"), i.to_be_bytes())
+}
+
+fn expected_report(i: u64) -> BatchReport {
+    let mut r = BatchReport {
+        added: 1,
+        ..BatchReport::default()
+    };
+    if i == 0 {
+        r.inserted = 2;
+    } else {
+        r.updated = 2;
+        r.duplicates = 1;
+    }
+    r
+}
+
+/// The checkpoint of writer `t`: the index of its last committed batch.
+fn checkpoint(store: &Store, t: usize) -> Option<u64> {
+    store
+        .checkpoint(format!("t{t}"))
+        .expect("checkpoint")
+        .map(|p| u64::from_be_bytes(p.as_ref().try_into().expect("8-byte position")))
+}
+
+/// Writer `t`'s rows, read in one scan; returns how many of its batches they show.
+fn batches_shown(store: &Store, t: usize) -> u64 {
+    let rows: Vec<(Bytes, Record)> = store
+        .scan_prefix(format!("t{t}/"))
+        .collect::<Result<_, _>>()
+        .expect("scan");
+    match rows.as_slice() {
+        [] => 0,
+        [(ka, a), (kb, b)] => {
+            assert_eq!(
+                (ka.as_ref(), kb.as_ref()),
+                (format!("t{t}/a").as_bytes(), format!("t{t}/b").as_bytes())
+            );
+            assert_eq!(
+                a, b,
+                "one scan saw writer {t}'s two keys from different batches"
+            );
+            assert_eq!(
+                a.value,
+                value(t, a.seq - 1).as_bytes(),
+                "value and seq of one batch"
+            );
+            a.seq
+        }
+        other => panic!("one scan saw half of writer {t}'s batch: {other:?}"),
+    }
+}
+
+fn counter(store: &Store) -> u64 {
+    store.get(COUNTER).expect("get").map_or(0, |r| {
+        std::str::from_utf8(&r.value)
+            .expect("counter text")
+            .parse()
+            .expect("counter is decimal")
+    })
+}
+
+fn check_final_state(store: &Store) {
+    let mut total = BatchReport::default();
+    for t in 0..WRITERS {
+        for i in 0..BATCHES {
+            let report = store.batch(batch_id(t, i)).expect("batch");
+            assert_eq!(report, Some(expected_report(i)), "batch {}", batch_id(t, i));
+            total.accumulate(&report.unwrap());
+        }
+        assert_eq!(batches_shown(store, t), BATCHES);
+        assert_eq!(checkpoint(store, t), Some(BATCHES - 1));
+    }
+    let batches = (WRITERS as u64) * BATCHES;
+    assert_eq!(total.added, batches);
+    assert_eq!(total.inserted, 2 * WRITERS as u64);
+    assert_eq!(total.updated, 2 * WRITERS as u64 * (BATCHES - 1));
+    assert_eq!(total.duplicates, WRITERS as u64 * (BATCHES - 1));
+    assert_eq!(counter(store), batches, "every add applied exactly once");
+    let log = store.log();
+    assert_eq!(log.len() as u64, batches, "each batch is in the log once");
+    let mut ids: Vec<&[u8]> = log.iter().map(|e| e.batch_id.as_ref()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len() as u64, batches, "each batch is in the log once");
+}
+
+#[test]
+fn concurrent_writers_commit_every_batch_once_and_readers_never_see_half_a_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options::default().durability(Durability::Sync);
+    let store = Store::open(dir.path(), options.clone()).expect("open");
+    let writers_done = AtomicUsize::new(0);
+    let reads = AtomicUsize::new(0);
+
+    std::thread::scope(|s| {
+        for t in 0..WRITERS {
+            let store = &store;
+            let writers_done = &writers_done;
+            s.spawn(move || {
+                for i in 0..BATCHES {
+                    let report = store.apply_batch(&batch(t, i)).expect("apply");
+                    assert_eq!(report, expected_report(i), "report of {}", batch_id(t, i));
+                }
+                writers_done.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+        for _ in 0..READERS {
+            let store = &store;
+            let writers_done = &writers_done;
+            let reads = &reads;
+            s.spawn(move || {
+                let mut shown_before = [0u64; WRITERS];
+                let mut counter_before = 0;
+                loop {
+                    let finished = writers_done.load(Ordering::SeqCst) == WRITERS;
+                    let counter_first = counter(store);
+                    let mut shown_sum = 0;
+                    for (t, shown_before) in shown_before.iter_mut().enumerate() {
+                        // Checkpoint, then rows, then checkpoint: each read is
+                        // later than the one before, so a batch whose
+                        // checkpoint is visible must show its rows, and rows
+                        // that are visible must have their checkpoint.
+                        let committed = checkpoint(store, t).map_or(0, |i| i + 1);
+                        let shown = batches_shown(store, t);
+                        let committed_after = checkpoint(store, t).map_or(0, |i| i + 1);
+                        assert!(shown >= committed, "writer {t}: checkpoint says {committed} batches, rows show {shown}");
+                        assert!(committed_after >= shown, "writer {t}: rows show {shown} batches, checkpoint then said {committed_after}");
+                        assert!(shown >= *shown_before, "writer {t}: rows went back from {shown_before} to {shown}");
+                        *shown_before = shown;
+                        shown_sum += shown;
+                    }
+                    let counter_last = counter(store);
+                    // Every add read before the rows belongs to a batch whose
+                    // rows were visible by then; every batch whose rows were
+                    // read was counted by the later counter read.
+                    assert!(shown_sum >= counter_first, "rows show {shown_sum} batches, counter read before said {counter_first}");
+                    assert!(counter_last >= shown_sum, "rows show {shown_sum} batches, counter read after said {counter_last}");
+                    assert!(counter_first >= counter_before, "counter went back");
+                    counter_before = counter_last;
+                    reads.fetch_add(1, Ordering::Relaxed);
+                    if finished {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    assert!(reads.load(Ordering::Relaxed) >= READERS * 2, "readers ran");
+
+    check_final_state(&store);
+    drop(store);
+    let store = Store::open(dir.path(), options).expect("reopen");
+    check_final_state(&store);
+    let replay = store.apply_batch(&batch(0, 3)).expect("replay");
+    assert_eq!(
+        replay,
+        BatchReport {
+            replayed: true,
+            ..expected_report(3)
+        }
+    );
+    assert_eq!(counter(&store), WRITERS as u64 * BATCHES);
+}
+
+#[test]
+fn concurrent_redeliveries_of_the_same_events_apply_once() {
+    // Every writer delivers the same adds under its own batch ids: whichever
+    // commits first applies each event, all others see duplicates.
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options::default().durability(Durability::Sync);
+    let store = Store::open(dir.path(), options.clone()).expect("open");
+    const EVENTS: u64 = 30;
+    let totals: Vec<BatchReport> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..WRITERS)
+            .map(|t| {
+                let store = &store;
+                s.spawn(move || {
+                    let mut total = BatchReport::default();
+                    for i in 0..EVENTS {
+                        let batch = Batch::new(format!("w{t}-{i}"))
+                            .add(format!("shared-{i}"), COUNTER, 1, 1)
+                            .put(format!("row-{i}"), format!("rows/{i}"), 1, "x");
+                        let report = store.apply_batch(&batch).expect("apply");
+                        assert_eq!(report.deliveries(), 2);
+                        total.accumulate(&report);
+                    }
+                    total
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("writer"))
+            .collect()
+    });
+    let mut total = BatchReport::default();
+    for t in &totals {
+        total.accumulate(t);
+    }
+    assert_eq!(total.added, EVENTS);
+    assert_eq!(total.inserted, EVENTS);
+    assert_eq!(total.duplicates, 2 * EVENTS * (WRITERS as u64 - 1));
+    assert_eq!(counter(&store), EVENTS);
+    drop(store);
+    let store = Store::open(dir.path(), options).expect("reopen");
+    assert_eq!(counter(&store), EVENTS);
+    assert_eq!(store.scan_prefix("rows/").count() as u64, EVENTS);
+}

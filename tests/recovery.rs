@@ -1,0 +1,651 @@
+//! Contract area: recovery (SPEC section 4).
+//!
+//! `open` restores exactly the committed prefix of batches: a torn or
+//! checksum-failing final record is discarded, a checksum failure anywhere
+//! else is `Error::Corruption { segment, offset }`, and `Store::repair`
+//! salvages the longest valid prefix.
+//!
+//! Crash images are made by copying the store directory while the store is
+//! still open (what a `kill -9` leaves behind) and then cutting or damaging a
+//! segment file. Segment files are the `*.seg` files; name order is log order.
+
+use std::fs;
+use std::path::Path;
+
+use bytes::Bytes;
+use idemkv::{Batch, BatchReport, Digest, Durability, Error, Options, Record, Store};
+use tempfile::TempDir;
+
+const SOURCE: &str = "src";
+
+/// The observable state after some prefix of batches.
+#[derive(Debug, Clone, PartialEq)]
+struct Snap {
+    digest: Digest,
+    rows: Vec<(Bytes, Record)>,
+    checkpoint: Option<Bytes>,
+}
+
+fn snap(store: &Store) -> Snap {
+    Snap {
+        digest: store.digest().expect("digest"),
+        rows: store
+            .scan_prefix(b"")
+            .collect::<Result<Vec<_>, _>>()
+            .expect("scan"),
+        checkpoint: store.checkpoint(SOURCE).expect("checkpoint"),
+    }
+}
+
+/// Segment files in log order, with their lengths.
+fn segments(dir: &Path) -> Vec<(String, u64)> {
+    let mut segs: Vec<(String, u64)> = fs::read_dir(dir)
+        .expect("read_dir")
+        .map(|e| e.expect("dir entry"))
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".seg"))
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                e.metadata().expect("metadata").len(),
+            )
+        })
+        .collect();
+    segs.sort();
+    segs
+}
+
+fn copy_dir(from: &Path) -> TempDir {
+    let to = tempfile::tempdir().expect("tempdir");
+    for entry in fs::read_dir(from).expect("read_dir") {
+        let entry = entry.expect("dir entry");
+        if entry.file_type().expect("file type").is_file() {
+            fs::copy(entry.path(), to.path().join(entry.file_name())).expect("copy");
+        }
+    }
+    to
+}
+
+fn truncate(path: &Path, len: u64) {
+    fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .expect("open for truncate")
+        .set_len(len)
+        .expect("truncate");
+}
+
+/// Inverts the byte at `offset` in place (the file keeps its length and inode).
+fn flip_byte(path: &Path, offset: u64) {
+    use std::os::unix::fs::FileExt;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .expect("open segment");
+    let mut byte = [0u8; 1];
+    file.read_exact_at(&mut byte, offset).expect("read byte");
+    byte[0] ^= 0xFF;
+    file.write_all_at(&byte, offset).expect("write byte");
+}
+
+/// A small deterministic generator for offsets.
+struct XorShift(u64);
+
+impl XorShift {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// Batch `i` of the workload: a put with a filler value, a counter delta, every
+/// fifth batch a delete, every third a redelivery of the previous batch's put,
+/// and the checkpoint `i`.
+fn workload_batch(i: u64, filler: usize) -> Batch {
+    let value = format!("v{i}-{}", "x".repeat(filler));
+    let mut batch = Batch::new(format!("B{i}"))
+        .put(format!("e{i}a"), format!("k{}", i % 7), i + 1, value)
+        .add(format!("e{i}c"), "counter", 1, i as i64 + 1);
+    if i % 5 == 4 {
+        batch = batch.delete(format!("e{i}d"), format!("k{}", (i + 3) % 7), i + 1);
+    }
+    if i % 3 == 2 {
+        let previous = workload_batch(i - 1, filler);
+        batch.push_delivery(previous.deliveries()[0].clone());
+    }
+    batch.checkpoint(SOURCE, i.to_be_bytes())
+}
+
+/// A store and what it looked like after each batch. `points[0]` is the empty
+/// store, `points[i + 1]` the state after `batches[i]`.
+struct Built {
+    dir: TempDir,
+    store: Store,
+    batches: Vec<Batch>,
+    reports: Vec<BatchReport>,
+    points: Vec<(Vec<(String, u64)>, Snap)>,
+}
+
+/// Whether batch `b` only appended to the newest segment, which already existed.
+fn appended_in_place(built: &Built, b: usize) -> Option<(String, u64, u64)> {
+    let (before, _) = &built.points[b];
+    let (after, _) = &built.points[b + 1];
+    if before.is_empty() || before.len() != after.len() {
+        return None;
+    }
+    let changed: Vec<usize> = (0..before.len())
+        .filter(|&i| before[i] != after[i])
+        .collect();
+    let last = before.len() - 1;
+    if changed != [last] || before[last].0 != after[last].0 || before[last].1 >= after[last].1 {
+        return None;
+    }
+    Some((after[last].0.clone(), before[last].1, after[last].1))
+}
+
+fn build(options: Options, batches_min: u64, filler: usize) -> Built {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path(), options).expect("open");
+    let points = vec![(segments(dir.path()), snap(&store))];
+    let mut built = Built {
+        dir,
+        store,
+        batches: Vec::new(),
+        reports: Vec::new(),
+        points,
+    };
+    let mut i = 0;
+    // Go on until the last batch appended to an existing newest segment, so
+    // that its record is the log's final record and nothing follows it.
+    while i < batches_min || appended_in_place(&built, i as usize - 1).is_none() {
+        assert!(
+            i < batches_min + 50,
+            "no batch appended in place to the newest segment"
+        );
+        let batch = workload_batch(i, filler);
+        let report = built.store.apply_batch(&batch).expect("apply");
+        assert!(!report.replayed);
+        assert_eq!(report.deliveries(), batch.len() as u64);
+        built.batches.push(batch);
+        built.reports.push(report);
+        built
+            .points
+            .push((segments(built.dir.path()), snap(&built.store)));
+        i += 1;
+    }
+    built
+}
+
+fn buffered(options: Options) -> Options {
+    options.durability(Durability::Buffered)
+}
+
+fn open(dir: &Path, options: &Options) -> Store {
+    Store::open(dir, options.clone()).unwrap_or_else(|e| panic!("open {}: {e}", dir.display()))
+}
+
+/// Applies `batches[from..]` and checks each report and the final state, then
+/// checks that the state survives one more reopen.
+fn converge(
+    built: &Built,
+    store: Store,
+    dir: &Path,
+    options: &Options,
+    from: usize,
+    context: &str,
+) {
+    for b in from..built.batches.len() {
+        let report = store
+            .apply_batch(&built.batches[b])
+            .unwrap_or_else(|e| panic!("{context}: reapplying batch {b}: {e}"));
+        assert_eq!(
+            report, built.reports[b],
+            "{context}: report of reapplied batch {b}"
+        );
+    }
+    let expected = &built.points.last().expect("points").1;
+    assert_eq!(&snap(&store), expected, "{context}: state after reapplying");
+    drop(store);
+    let store = open(dir, options);
+    assert_eq!(
+        &snap(&store),
+        expected,
+        "{context}: state after reapplying and reopening"
+    );
+    for (b, batch) in built.batches.iter().enumerate() {
+        assert_eq!(
+            store.batch(batch.id()).expect("batch"),
+            Some(built.reports[b]),
+            "{context}: batch {b}"
+        );
+    }
+}
+
+/// Cuts the final record at every offset: the state is that of the previous
+/// batch, and the last batch then commits again.
+fn check_every_offset_of_final_record(built: &Built, options: &Options) {
+    let last = built.batches.len() - 1;
+    let (file, len_before, len_after) =
+        appended_in_place(built, last).expect("build ends with an in-place append");
+    let previous = &built.points[last].1;
+    for offset in len_before..len_after {
+        let copy = copy_dir(built.dir.path());
+        truncate(&copy.path().join(&file), offset);
+        let store = Store::open(copy.path(), options.clone()).unwrap_or_else(|e| {
+            panic!("open after cutting {file} at {offset} (record {len_before}..{len_after}): {e}")
+        });
+        let context = format!("{file} cut at {offset} (final record {len_before}..{len_after})");
+        assert_eq!(
+            &snap(&store),
+            previous,
+            "{context}: state must be the previous batch's"
+        );
+        store
+            .verify()
+            .unwrap_or_else(|e| panic!("{context}: verify after the torn tail was discarded: {e}"));
+        assert_eq!(
+            store.batch(built.batches[last].id()).expect("batch"),
+            None,
+            "{context}"
+        );
+        converge(built, store, copy.path(), options, last, &context);
+    }
+}
+
+/// Cuts the newest segment at boundaries, next to them and at random offsets:
+/// the state is the committed prefix that ends at or before the cut.
+fn check_truncation_keeps_committed_prefix(built: &Built, options: &Options, seed: u64) {
+    let final_segments = &built.points.last().expect("points").0;
+    let (file, len_final) = final_segments.last().expect("a segment").clone();
+    // Lengths of the newest segment after each point at which it was the newest.
+    let lengths: Vec<(usize, u64)> = built
+        .points
+        .iter()
+        .enumerate()
+        .filter_map(|(j, (segs, _))| {
+            let (name, len) = segs.last()?;
+            (*name == file).then_some((j, *len))
+        })
+        .collect();
+    let len_min = lengths
+        .iter()
+        .map(|(_, len)| *len)
+        .min()
+        .expect("newest segment seen");
+    let mut offsets: Vec<u64> = Vec::new();
+    for (_, len) in &lengths {
+        offsets.extend([len.saturating_sub(1), *len, len + 1]);
+    }
+    let mut rng = XorShift(seed);
+    for _ in 0..24 {
+        offsets.push(len_min + rng.below(len_final - len_min + 1));
+    }
+    offsets.retain(|o| (len_min..=len_final).contains(o));
+    offsets.sort();
+    offsets.dedup();
+    for offset in offsets {
+        let (j, _) = *lengths
+            .iter()
+            .rev()
+            .find(|(_, len)| *len <= offset)
+            .expect("len_min is one of the lengths");
+        let copy = copy_dir(built.dir.path());
+        truncate(&copy.path().join(&file), offset);
+        let context = format!("{file} cut at {offset}, committed prefix {j} batches");
+        let store = Store::open(copy.path(), options.clone())
+            .unwrap_or_else(|e| panic!("{context}: open: {e}"));
+        assert_eq!(snap(&store), built.points[j].1, "{context}");
+        converge(built, store, copy.path(), options, j, &context);
+    }
+}
+
+#[test]
+fn torn_final_record_is_discarded_at_every_offset() {
+    let options = Options::default();
+    let built = build(options.clone(), 12, 40);
+    assert_eq!(
+        built.points.last().unwrap().0.len(),
+        1,
+        "default segments hold this whole log"
+    );
+    check_every_offset_of_final_record(&built, &buffered(options));
+}
+
+#[test]
+fn torn_final_record_is_discarded_at_every_offset_across_segments() {
+    let options = buffered(Options::default().segment_bytes_max(4096));
+    let built = build(options.clone(), 60, 40);
+    let segs = &built.points.last().unwrap().0;
+    assert!(
+        segs.len() >= 3,
+        "a 4096-byte segment limit must rotate: {segs:?}"
+    );
+    check_every_offset_of_final_record(&built, &options);
+}
+
+#[test]
+fn truncation_keeps_the_committed_prefix() {
+    let options = Options::default();
+    let built = build(options.clone(), 16, 40);
+    check_truncation_keeps_committed_prefix(&built, &buffered(options), 0x9E37_79B9_7F4A_7C15);
+}
+
+#[test]
+fn truncation_keeps_the_committed_prefix_across_segments() {
+    let options = buffered(Options::default().segment_bytes_max(4096));
+    let built = build(options.clone(), 60, 40);
+    check_truncation_keeps_committed_prefix(&built, &options, 0xD1B5_4A32_D192_ED03);
+}
+
+#[test]
+fn reopen_restores_every_committed_batch_across_segments() {
+    let options = buffered(Options::default().segment_bytes_max(4096));
+    let built = build(options.clone(), 60, 40);
+    let expected = built.points.last().unwrap().1.clone();
+    let Built {
+        dir,
+        store,
+        batches,
+        reports,
+        ..
+    } = built;
+    drop(store);
+    let store = open(dir.path(), &options);
+    assert_eq!(snap(&store), expected);
+    for (batch, report) in batches.iter().zip(&reports) {
+        assert_eq!(store.batch(batch.id()).unwrap(), Some(*report));
+        let replay = store.apply_batch(batch).expect("replay");
+        assert_eq!(
+            replay,
+            BatchReport {
+                replayed: true,
+                ..*report
+            }
+        );
+    }
+    assert_eq!(snap(&store), expected);
+    let verified = store.verify().expect("verify an intact store");
+    assert_eq!(verified.segments, segments(dir.path()).len() as u64);
+    assert!(verified.records >= batches.len() as u64, "{verified:?}");
+}
+
+#[test]
+fn bad_checksum_in_final_record_is_discarded() {
+    let options = buffered(Options::default());
+    let built = build(options.clone(), 8, 40);
+    let last = built.batches.len() - 1;
+    let (file, start, end) = appended_in_place(&built, last).expect("in-place append");
+    for offset in [end - 1, start + (end - start) / 2] {
+        let copy = copy_dir(built.dir.path());
+        flip_byte(&copy.path().join(&file), offset);
+        let context = format!("byte {offset} of the final record {start}..{end} of {file} flipped");
+        let store = Store::open(copy.path(), options.clone())
+            .unwrap_or_else(|e| panic!("{context}: open: {e}"));
+        assert_eq!(snap(&store), built.points[last].1, "{context}");
+        converge(&built, store, copy.path(), &options, last, &context);
+    }
+}
+
+/// Expects `Error::Corruption` naming `file` and an offset inside the record
+/// `start..=flipped`; returns (segment, offset).
+fn expect_corruption(
+    result: Result<Store, Error>,
+    file: &str,
+    start: u64,
+    flipped: u64,
+    context: &str,
+) -> (u64, u64) {
+    match result {
+        Err(Error::Corruption {
+            segment,
+            file: named,
+            offset,
+            reason,
+        }) => {
+            assert!(
+                named.ends_with(file),
+                "{context}: corruption names file {named:?}, expected {file}"
+            );
+            assert!(
+                (start..=flipped).contains(&offset),
+                "{context}: corruption at offset {offset} ({reason}), expected the damaged record {start}..={flipped}"
+            );
+            (segment, offset)
+        }
+        Err(other) => panic!("{context}: expected Corruption, got {other}"),
+        Ok(store) => panic!(
+            "{context}: open succeeded on a damaged log; rows now {:?}",
+            snap(&store).rows.len()
+        ),
+    }
+}
+
+#[test]
+fn flipped_byte_in_an_earlier_record_is_corruption_and_repair_keeps_the_prefix() {
+    let options = buffered(Options::default());
+    let built = build(options.clone(), 10, 40);
+    // A record in the middle of the log: batch `b` appended in place.
+    let b = (3..built.batches.len() - 2)
+        .find(|&b| appended_in_place(&built, b).is_some())
+        .expect("a middle batch appended in place");
+    let (file, start, end) = appended_in_place(&built, b).unwrap();
+    for flipped in start..end {
+        let context =
+            format!("byte {flipped} of record {start}..{end} (batch {b}) of {file} flipped");
+        let copy = copy_dir(built.dir.path());
+        flip_byte(&copy.path().join(&file), flipped);
+        let (segment, offset) = expect_corruption(
+            Store::open(copy.path(), options.clone()),
+            &file,
+            start,
+            flipped,
+            &context,
+        );
+        // Opening again still refuses: the failed open repaired nothing silently.
+        let again = expect_corruption(
+            Store::open(copy.path(), options.clone()),
+            &file,
+            start,
+            flipped,
+            &context,
+        );
+        assert_eq!(again, (segment, offset), "{context}");
+
+        let repaired = Store::repair(copy.path(), options.clone())
+            .unwrap_or_else(|e| panic!("{context}: repair: {e}"));
+        assert_eq!(
+            repaired.first_bad,
+            Some((segment, offset)),
+            "{context}: {repaired:?}"
+        );
+        assert!(repaired.bytes_dropped > 0, "{context}: {repaired:?}");
+        assert!(repaired.records_kept >= b as u64, "{context}: {repaired:?}");
+        if let Some(lost) = &repaired.lost_found {
+            assert!(
+                lost.exists(),
+                "{context}: lost+found {lost:?} does not exist"
+            );
+        }
+        let store = Store::open(copy.path(), options.clone())
+            .unwrap_or_else(|e| panic!("{context}: open after repair: {e}"));
+        assert_eq!(
+            snap(&store),
+            built.points[b].1,
+            "{context}: state after repair"
+        );
+        for (i, batch) in built.batches.iter().enumerate() {
+            let expected = (i < b).then_some(built.reports[i]);
+            assert_eq!(
+                store.batch(batch.id()).unwrap(),
+                expected,
+                "{context}: batch {i} after repair"
+            );
+        }
+        converge(&built, store, copy.path(), &options, b, &context);
+    }
+}
+
+#[test]
+fn corruption_in_an_earlier_segment_is_reported_and_repair_drops_what_follows() {
+    let options = buffered(Options::default().segment_bytes_max(4096));
+    let built = build(options.clone(), 60, 40);
+    let final_segments = built.points.last().unwrap().0.clone();
+    assert!(final_segments.len() >= 3, "{final_segments:?}");
+    let first = &final_segments[0].0;
+    // The second batch written in place into the first segment.
+    let b = (0..built.batches.len())
+        .filter(|&b| appended_in_place(&built, b).is_some_and(|(f, _, _)| f == *first))
+        .nth(1)
+        .expect("two in-place appends in the first segment");
+    let (file, start, end) = appended_in_place(&built, b).unwrap();
+    for flipped in [start, start + (end - start) / 2, end - 1] {
+        let context =
+            format!("byte {flipped} of record {start}..{end} (batch {b}) of {file} flipped");
+        let copy = copy_dir(built.dir.path());
+        flip_byte(&copy.path().join(&file), flipped);
+        let (segment, offset) = expect_corruption(
+            Store::open(copy.path(), options.clone()),
+            &file,
+            start,
+            flipped,
+            &context,
+        );
+        let repaired = Store::repair(copy.path(), options.clone())
+            .unwrap_or_else(|e| panic!("{context}: repair: {e}"));
+        assert_eq!(
+            repaired.first_bad,
+            Some((segment, offset)),
+            "{context}: {repaired:?}"
+        );
+        assert_eq!(
+            repaired.segments_dropped,
+            final_segments.len() as u64 - 1,
+            "{context}: every later segment is dropped: {repaired:?}"
+        );
+        assert!(
+            repaired.bytes_dropped >= final_segments[1..].iter().map(|(_, len)| len).sum::<u64>(),
+            "{context}: {repaired:?}"
+        );
+        let store = Store::open(copy.path(), options.clone())
+            .unwrap_or_else(|e| panic!("{context}: open after repair: {e}"));
+        assert_eq!(
+            snap(&store),
+            built.points[b].1,
+            "{context}: state after repair"
+        );
+        converge(&built, store, copy.path(), &options, b, &context);
+    }
+}
+
+#[test]
+fn repair_of_an_intact_store_drops_nothing() {
+    let options = buffered(Options::default().segment_bytes_max(4096));
+    let built = build(options.clone(), 30, 40);
+    let expected = built.points.last().unwrap().1.clone();
+    let Built { dir, store, .. } = built;
+    drop(store);
+    let repaired = Store::repair(dir.path(), options.clone()).expect("repair");
+    assert_eq!(repaired.first_bad, None, "{repaired:?}");
+    assert_eq!(
+        (repaired.bytes_dropped, repaired.segments_dropped),
+        (0, 0),
+        "{repaired:?}"
+    );
+    let store = open(dir.path(), &options);
+    assert_eq!(snap(&store), expected);
+}
+
+#[test]
+fn verify_reports_corruption_in_an_earlier_record() {
+    let options = buffered(Options::default());
+    let built = build(options.clone(), 10, 40);
+    let verified = built.store.verify().expect("verify an intact store");
+    assert!(
+        verified.records >= built.batches.len() as u64,
+        "{verified:?}"
+    );
+    let b = 4;
+    let (file, start, end) = appended_in_place(&built, b).expect("in-place append");
+    let flipped = start + (end - start) / 2;
+    flip_byte(&built.dir.path().join(&file), flipped);
+    let result = built.store.verify().map(|_| ());
+    match result {
+        Err(Error::Corruption {
+            file: named,
+            offset,
+            ..
+        }) => {
+            assert!(named.ends_with(&file), "{named}");
+            assert!(
+                (start..=flipped).contains(&offset),
+                "offset {offset}, record {start}..{end}"
+            );
+        }
+        other => panic!(
+            "verify after flipping byte {flipped} of {file}: expected Corruption, got {other:?}"
+        ),
+    }
+    let Built { dir, store, .. } = built;
+    drop(store);
+    expect_corruption(
+        Store::open(dir.path(), options),
+        &file,
+        start,
+        flipped,
+        "open after verify",
+    );
+}
+
+#[test]
+fn torn_segment_creation_is_discarded() {
+    // Apply batches until one starts a new segment, then cut that segment
+    // anywhere: whether the new segment holds the batch's record or only its
+    // header, the state is a committed prefix and the batch commits again.
+    let options = buffered(Options::default().segment_bytes_max(4096));
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), options.clone()).expect("open");
+    let mut built = Built {
+        points: vec![(segments(dir.path()), snap(&store))],
+        dir,
+        store,
+        batches: Vec::new(),
+        reports: Vec::new(),
+    };
+    for i in 0.. {
+        assert!(i < 200, "the log never rotated");
+        let batch = workload_batch(i, 40);
+        let report = built.store.apply_batch(&batch).expect("apply");
+        built.batches.push(batch);
+        built.reports.push(report);
+        built
+            .points
+            .push((segments(built.dir.path()), snap(&built.store)));
+        let (before, after) = (&built.points[i as usize].0, &built.points[i as usize + 1].0);
+        if !before.is_empty() && after.last().map(|s| &s.0) != before.last().map(|s| &s.0) {
+            break;
+        }
+    }
+    let last = built.batches.len() - 1;
+    let (before, after) = (&built.points[last].0, &built.points[last + 1].0);
+    let (new_file, new_len) = after.last().unwrap().clone();
+    // Where did the last batch's record go: into the segment that was newest
+    // before it (then the new one holds only a header), or into the new one?
+    let old_newest = before.last().unwrap();
+    let record_in_old = after
+        .iter()
+        .any(|(name, len)| *name == old_newest.0 && *len > old_newest.1);
+    let committed = if record_in_old { last + 1 } else { last };
+    for offset in 0..new_len {
+        let context = format!(
+            "new segment {new_file} cut at {offset} of {new_len} (record in the old segment: {record_in_old})"
+        );
+        let copy = copy_dir(built.dir.path());
+        truncate(&copy.path().join(&new_file), offset);
+        let store = Store::open(copy.path(), options.clone())
+            .unwrap_or_else(|e| panic!("{context}: open: {e}"));
+        assert_eq!(snap(&store), built.points[committed].1, "{context}");
+        converge(&built, store, copy.path(), &options, committed, &context);
+    }
+}
