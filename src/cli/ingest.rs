@@ -30,12 +30,15 @@ use indicatif::ProgressBar;
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::cli::canonical::string_literal;
-use crate::cli::ndjson::{FieldMapping, is_blank, parse_line};
+use crate::cli::ndjson::{FieldMapping, clip, is_blank, parse_line};
 use crate::{Batch, BatchReport, Delivery, Error, Op, Store};
 
 /// A batch is cut once its lines reach this many bytes, whatever `--batch-size` says,
 /// so that one commit record stays a few MiB at most.
 pub const BATCH_BYTES_MAX: usize = 4 << 20;
+
+/// Longest parse-error reason stored for a quarantined line, in characters.
+const REASON_CHARS_MAX: usize = 500;
 
 /// Where the lines come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -402,7 +405,8 @@ impl Run<'_> {
                 self.deliveries.push(delivery);
             }
             Err(err) => {
-                let reason = err.to_string();
+                // The reason is stored with the quarantined line; keep it bounded.
+                let reason = clip(&err.to_string(), REASON_CHARS_MAX).into_owned();
                 self.deliveries.push(Delivery {
                     event_id: format!("line:{line_no}").into(),
                     key: bytes::Bytes::new(),
@@ -475,7 +479,7 @@ impl Run<'_> {
                     line(*index).map_or_else(|| "?".to_owned(), |l| l.line_no.to_string());
                 anyhow!(
                     "line {line_no}: event_id {} was already seen with another payload (conflicting event); {not_committed}",
-                    string_literal(event_id)
+                    string_literal(&clip(event_id, 100))
                 )
             }
             Error::InvalidEvent {
@@ -495,11 +499,11 @@ impl Run<'_> {
                     ..
                 }) => anyhow!(
                     "line {line_no}: invalid event (event_id {}): {reason}; {not_committed}",
-                    string_literal(known.as_deref().unwrap_or(event_id))
+                    string_literal(&clip(known.as_deref().unwrap_or(event_id), 100))
                 ),
                 None => anyhow!(
                     "delivery {index}: invalid event (event_id {}): {reason}; {not_committed}",
-                    string_literal(event_id)
+                    string_literal(&clip(event_id, 100))
                 ),
             },
             Error::BatchConflict { .. } => anyhow!(

@@ -17,6 +17,7 @@
 //! `ignore_fields`, so redeliveries that differ only in transport fields
 //! (receive time, partition, ...) get the same id.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use bytes::Bytes;
@@ -25,6 +26,9 @@ use serde_json::{Map, Value};
 use crate::Delivery;
 use crate::Op;
 use crate::cli::canonical;
+
+/// Longest event id accepted, in bytes (the engine's limit for ids and keys).
+pub const EVENT_ID_BYTES_MAX: usize = 4096;
 
 /// How the fields of a line map onto a delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,7 +91,11 @@ impl fmt::Display for LineError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.reason)?;
         if let Some(id) = &self.event_id {
-            write!(f, " (event_id {})", canonical::string_literal(id))?;
+            write!(
+                f,
+                " (event_id {})",
+                canonical::string_literal(&clip(id, 100))
+            )?;
         }
         Ok(())
     }
@@ -142,6 +150,16 @@ pub fn parse_line(line: &[u8], mapping: &FieldMapping) -> Result<Delivery, LineE
                 format!("field {} is empty", quoted(&mapping.id_field)),
             ));
         }
+        if id.len() > EVENT_ID_BYTES_MAX {
+            return Err(LineError::new(
+                Some(&id),
+                format!(
+                    "field {} has {} bytes, more than {EVENT_ID_BYTES_MAX}",
+                    quoted(&mapping.id_field),
+                    id.len()
+                ),
+            ));
+        }
         id
     };
     let id = Some(event_id.as_str());
@@ -187,7 +205,7 @@ pub fn parse_line(line: &[u8], mapping: &FieldMapping) -> Result<Delivery, LineE
                 format!(
                     "field {} is {}; expected \"put\", \"delete\" or \"add\"",
                     quoted(&mapping.op_field),
-                    canonical::string_literal(other)
+                    canonical::string_literal(&clip(other, 40))
                 ),
             ));
         }
@@ -255,6 +273,15 @@ fn seq_of(object: &Map<String, Value>, field: &str, id: Option<&str>) -> Result<
             s.parse().map_err(|_| mistyped())
         }
         Some(_) => Err(mistyped()),
+    }
+}
+
+/// `text` cut to at most `max_chars` characters, marked with `...` when cut,
+/// so that messages and quarantine reasons stay short whatever the input.
+pub fn clip(text: &str, max_chars: usize) -> Cow<'_, str> {
+    match text.char_indices().nth(max_chars) {
+        None => Cow::Borrowed(text),
+        Some((end, _)) => Cow::Owned(format!("{}...", text.get(..end).unwrap_or(text))),
     }
 }
 
@@ -369,6 +396,22 @@ mod tests {
         let err =
             parse(r#"{"event_id":"e1","key":"","seq":1,"op":"delete"}"#).expect_err("empty key");
         assert!(err.reason.contains("empty"), "{err}");
+    }
+
+    #[test]
+    fn messages_stay_short_whatever_the_input() {
+        let long = "x".repeat(10_000);
+        let line = format!(r#"{{"event_id":"{long}","key":"k","seq":1,"op":"delete"}}"#);
+        let err = parse(&line).expect_err("id too long");
+        assert!(err.to_string().len() < 300, "{err}");
+        let line = format!(r#"{{"event_id":"e{}","key":"k","seq":1}}"#, &long[..4000]);
+        let err = parse(&line).expect_err("no op");
+        assert!(err.to_string().len() < 300, "{err}");
+        let line = format!(r#"{{"event_id":"e","key":"k","seq":1,"op":"{long}"}}"#);
+        let err = parse(&line).expect_err("bad op");
+        assert!(err.to_string().len() < 300, "{err}");
+        assert_eq!(clip("héllo", 2), "hé...");
+        assert_eq!(clip("hé", 2), "hé");
     }
 
     #[test]
