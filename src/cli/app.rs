@@ -222,7 +222,7 @@ pub fn summary_json(summary: &IngestSummary) -> String {
 fn write_summary(summary: &IngestSummary, store: &Path, out: &mut dyn Write) -> anyhow::Result<()> {
     writeln!(
         out,
-        "source {}: {} lines (bytes {}..{}) in {} batches, {} of them replayed",
+        "source {}: {} lines, bytes {}..{}, batches {} (replayed {})",
         string_literal(&summary.source),
         summary.lines,
         summary.start,

@@ -164,6 +164,12 @@ pub fn ingest(
 ) -> anyhow::Result<IngestSummary> {
     assert!(options.batch_size >= 1, "batch size must be at least 1");
     let opened = open_input(store, input, options)?;
+    if options.follow.is_some() && !opened.is_seekable {
+        bail!(
+            "--follow reads a growing regular file; {} is a stream, which ingest reads until it ends anyway",
+            input_name(input)
+        );
+    }
     progress.set_position(opened.start);
     let mut run = Run {
         store,

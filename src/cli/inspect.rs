@@ -98,7 +98,7 @@ pub fn log(store: &Store, json: bool, out: &mut dyn Write) -> anyhow::Result<()>
         }
         writeln!(out, "  {}", bytes_text(&entry.batch_id))?;
     }
-    writeln!(out, "{} batches", entries.len())?;
+    writeln!(out, "{} committed batches", entries.len())?;
     Ok(())
 }
 
