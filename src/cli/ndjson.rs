@@ -108,7 +108,8 @@ pub fn is_blank(line: &[u8]) -> bool {
     line.iter().all(u8::is_ascii_whitespace)
 }
 
-/// Maps one NDJSON line (a trailing `\n` or `\r\n` is ignored) to a delivery.
+/// Maps one NDJSON line (a trailing `\n` or `\r\n` and a leading UTF-8 byte
+/// order mark are ignored) to a delivery.
 ///
 /// # Errors
 /// A [`LineError`] naming the problem (and the event id, once known) when the
@@ -116,6 +117,8 @@ pub fn is_blank(line: &[u8]) -> bool {
 pub fn parse_line(line: &[u8], mapping: &FieldMapping) -> Result<Delivery, LineError> {
     let line = line.strip_suffix(b"\n").unwrap_or(line);
     let line = line.strip_suffix(b"\r").unwrap_or(line);
+    // A UTF-8 byte order mark can only start a file, but is harmless to allow anywhere.
+    let line = line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line);
     let value: Value = serde_json::from_slice(line).map_err(|e| {
         let message = e.to_string();
         let position = format!(" at line {} column {}", e.line(), e.column());
@@ -325,6 +328,9 @@ mod tests {
             parse("{\"event_id\":\"e204\",\"key\":\"O1005/2\",\"seq\":204,\"op\":\"delete\"}\r\n")
                 .expect("valid delete");
         assert_eq!(delete.op, Op::Delete);
+        let bom = parse("\u{feff}{\"event_id\":\"e1\",\"key\":\"k\",\"seq\":1,\"op\":\"delete\"}")
+            .expect("a byte order mark is ignored");
+        assert_eq!(bom.op, Op::Delete);
         let add = parse(
             r#"{"event_id":"e300","key":"visits/2026-09-21","seq":300,"op":"add","delta":-5}"#,
         )
