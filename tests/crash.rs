@@ -472,7 +472,7 @@ fn buffered_power_loss_recovers_a_prefix() {
 }
 
 #[test]
-#[ignore = "engine bug: out-of-order write-back of unsynced appends makes open fail with Corruption (see issue 5)"]
+#[ignore = "engine bug: out-of-order write-back of unsynced appends makes open fail with Corruption (a power loss may keep a later unsynced record and lose an earlier one)"]
 fn buffered_power_loss_with_reordered_writeback_recovers_a_prefix() {
     // The disk may write back a file's unsynced appends in any order: a
     // power loss can keep a later record and lose an earlier one (a hole of
