@@ -26,6 +26,7 @@
 mod apply;
 mod batch;
 mod clock;
+mod compaction;
 mod digest;
 mod error;
 mod format;
@@ -33,6 +34,7 @@ mod index;
 mod log;
 mod options;
 mod recovery;
+mod state_file;
 pub mod storage;
 mod store;
 
@@ -41,6 +43,7 @@ pub mod cli;
 
 pub use batch::{Batch, BatchReport, Delivery, Op, QuarantineEntry};
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use compaction::CompactionReport;
 pub use digest::Digest;
 pub use error::{Error, Result};
 pub use options::{Durability, OnConflict, Options};

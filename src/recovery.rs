@@ -1,13 +1,18 @@
-//! Reading the whole log back: open (replay), verify (check only) and repair
-//! (salvage the longest valid prefix). All three walk the log the same way.
+//! Reading the whole log back: open (load a snapshot, replay), verify (check
+//! only) and repair (salvage the longest valid prefix). All three walk the
+//! log the same way.
 //!
-//! | case                                              | open              | verify     | repair          |
-//! |---------------------------------------------------|-------------------|------------|-----------------|
-//! | torn or checksum-failing final record, newest seg | truncated, dropped| Corruption | cut there       |
-//! | newest segment with a torn header and no records  | header rewritten  | Corruption | segment dropped |
-//! | bad record or header anywhere else                | Corruption        | Corruption | cut there       |
-//! | record that decodes badly or contradicts the index| Corruption        | Corruption | cut there       |
-//! | a segment id missing from the sequence            | Corruption        | Corruption | cut there       |
+//! | case                                               | open               | verify     | repair          |
+//! |----------------------------------------------------|--------------------|------------|-----------------|
+//! | torn or checksum-failing final record, newest seg  | truncated, dropped | Corruption | cut there       |
+//! | newest segment with a torn header and no records   | header rewritten   | Corruption | segment dropped |
+//! | bad record or header anywhere else                 | Corruption         | Corruption | cut there       |
+//! | record that decodes badly or contradicts the index | Corruption         | Corruption | cut there       |
+//! | a segment id missing from the sequence             | Corruption         | Corruption | cut there       |
+//! | bad record inside a base segment                   | Corruption         | Corruption | base dropped    |
+//! | segments older than the newest base segment        | deleted            | ignored    | ignored         |
+//! | leftover `*.tmp` file                              | deleted            | ignored    | ignored         |
+//! | missing, torn, corrupt or stale snapshot           | full replay        | Corruption | moved aside     |
 //!
 //! "Cut" moves the dropped bytes into `lost+found/<repair time in ms>/`
 //! rather than deleting them, so that no repair overwrites an earlier one's.
@@ -16,12 +21,19 @@ use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use crate::error::{Error, Result};
-use crate::format::record::decode_batch;
-use crate::format::segment::{SEGMENT_HEADER_LEN, decode_segment_header, encode_segment_header};
+use crate::format::record::{KIND_BATCH, decode_batch};
+use crate::format::segment::{
+    FileKind, SEGMENT_HEADER_LEN, decode_segment_header, encode_segment_header,
+};
+use crate::format::state::StateEnd;
 use crate::index::Index;
-use crate::log::names::{parse_segment_file_name, segment_file_name};
+use crate::index::expiry::Ttls;
+use crate::log::names::{SNAPSHOT_FILE, TMP_SUFFIX, parse_segment_file_name, segment_file_name};
 use crate::log::reader::SegmentReader;
+use crate::state_file::StateLoader;
 use crate::storage::{OpenMode, Storage, StorageFile};
 use crate::store::RepairReport;
 
@@ -29,6 +41,8 @@ use crate::store::RepairReport;
 #[derive(Debug)]
 pub(crate) struct WalkedSegment {
     pub id: u32,
+    /// `None` if its header could not be read.
+    pub kind: Option<FileKind>,
     pub file: Arc<dyn StorageFile>,
     /// Bytes up to the end of the last valid record.
     pub valid_len: u64,
@@ -46,13 +60,36 @@ pub(crate) struct Problem {
 }
 
 impl Problem {
-    fn into_error(self) -> Error {
-        Error::Corruption {
-            segment: u64::from(self.segment),
-            file: segment_file_name(self.segment),
-            offset: self.offset,
-            reason: self.reason.into_owned(),
+    fn at(segment: u32, offset: u64, reason: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            segment,
+            offset,
+            reason: reason.into(),
+            is_tail: false,
         }
+    }
+
+    fn into_error(self) -> Error {
+        corruption(
+            u64::from(self.segment),
+            segment_file_name(self.segment),
+            self.offset,
+            self.reason,
+        )
+    }
+}
+
+fn corruption(
+    segment: u64,
+    file: String,
+    offset: u64,
+    reason: impl Into<Cow<'static, str>>,
+) -> Error {
+    Error::Corruption {
+        segment,
+        file,
+        offset,
+        reason: reason.into().into_owned(),
     }
 }
 
@@ -61,8 +98,17 @@ impl Problem {
 pub(crate) struct Walk {
     /// Segments walked, in order; the last may be where the problem is.
     pub segments: Vec<WalkedSegment>,
+    /// Records read (snapshot and skipped segments not included).
     pub records: u64,
     pub problem: Option<Problem>,
+}
+
+/// A segment file opened and mapped, with its header decoded.
+struct Opened {
+    id: u32,
+    file: Arc<dyn StorageFile>,
+    map: Bytes,
+    kind: Result<FileKind, &'static str>,
 }
 
 /// Segment ids in the directory, ascending.
@@ -78,36 +124,18 @@ pub(crate) fn list_segments(storage: &dyn Storage, dir: &Path) -> Result<Vec<u32
     Ok(ids)
 }
 
-/// Walks every record of every segment in order, replaying each into `index`.
-/// Opens the newest segment for appending when `writable`.
-pub(crate) fn walk(
+/// Opens every segment. Returns those from the newest base segment on, and
+/// the ids of the older ones, which that base made obsolete.
+fn open_segments(
     storage: &dyn Storage,
     dir: &Path,
-    index: &mut Index,
     writable: bool,
-) -> Result<Walk> {
+) -> Result<(Vec<Opened>, Vec<u32>)> {
     let ids = list_segments(storage, dir)?;
-    let mut walk = Walk {
-        segments: Vec::new(),
-        records: 0,
-        problem: None,
-    };
-    let mut expected = ids.first().copied();
+    let mut opened = Vec::with_capacity(ids.len());
     for (i, &id) in ids.iter().enumerate() {
-        let is_last = i + 1 == ids.len();
-        if Some(id) != expected {
-            let missing = expected.unwrap_or(id);
-            walk.problem = Some(Problem {
-                segment: missing,
-                offset: 0,
-                reason: "segment file missing".into(),
-                is_tail: false,
-            });
-            break;
-        }
-        expected = id.checked_add(1);
         let path = dir.join(segment_file_name(id));
-        let mode = if is_last && writable {
+        let mode = if writable && i + 1 == ids.len() {
             OpenMode::Append
         } else {
             OpenMode::Read
@@ -116,70 +144,295 @@ pub(crate) fn walk(
             .open(&path, mode)
             .map_err(|e| Error::io("open", &path, e))?;
         let map = file.map(0).map_err(|e| Error::io("map", &path, e))?;
-        let mut segment = WalkedSegment {
+        let kind = decode_segment_header(&map, id);
+        opened.push(Opened {
             id,
             file,
-            valid_len: 0,
-        };
+            map,
+            kind,
+        });
+    }
+    let base_at = opened
+        .iter()
+        .rposition(|o| o.kind == Ok(FileKind::Base))
+        .unwrap_or(0);
+    let current = opened.split_off(base_at);
+    Ok((current, opened.iter().map(|o| o.id).collect()))
+}
 
-        if let Err(reason) = decode_segment_header(&map, id) {
-            let is_tail = is_last && map.len() <= SEGMENT_HEADER_LEN;
-            walk.problem = Some(Problem {
-                segment: id,
-                offset: 0,
-                reason: reason.into(),
-                is_tail,
-            });
-            walk.segments.push(segment);
+/// Replays `opened` into `index`, skipping what a snapshot already covers
+/// (`start`: segment id and offset). Stops at the first problem.
+fn walk(opened: Vec<Opened>, index: &mut Index, start: Option<(u32, u64)>) -> Walk {
+    let mut walk = Walk {
+        segments: Vec::new(),
+        records: 0,
+        problem: None,
+    };
+    let count = opened.len();
+    // The log starts at segment 1 or at a base segment: anything else means
+    // its first segments are missing.
+    let mut expected = opened.first().map(|o| match o.kind {
+        Ok(FileKind::Base) => o.id,
+        _ => 1,
+    });
+    for (i, o) in opened.into_iter().enumerate() {
+        let is_last = i + 1 == count;
+        if Some(o.id) != expected {
+            let missing = expected.unwrap_or(o.id);
+            walk.problem = Some(Problem::at(missing, 0, "segment file missing"));
             break;
         }
-        let mut reader = SegmentReader::new(&map, id);
-        for item in reader.by_ref() {
-            let replayed = item
-                .map_err(|bad| Problem {
-                    segment: id,
-                    offset: bad.offset,
-                    reason: bad.reason.into(),
-                    is_tail: is_last && bad.is_tail,
-                })
-                .and_then(|record| {
-                    let problem = |offset: u64, reason: &'static str| Problem {
-                        segment: id,
-                        offset,
-                        reason: reason.into(),
-                        is_tail: false,
-                    };
-                    let batch = decode_batch(record.body).map_err(|e| {
-                        problem(u64::from(record.body_at) + e.offset as u64, e.what)
-                    })?;
-                    index
-                        .apply_record(&batch, id, record.body_at)
-                        .map_err(|reason| problem(u64::from(record.offset), reason))
-                });
-            if let Err(problem) = replayed {
-                walk.problem = Some(problem);
-                break;
-            }
-            walk.records += 1;
-        }
-        segment.valid_len = match &walk.problem {
-            Some(p) => p.offset,
-            None => reader.position(),
+        expected = o.id.checked_add(1);
+        let file_len = o.map.len() as u64;
+        let mut segment = WalkedSegment {
+            id: o.id,
+            kind: o.kind.ok(),
+            file: o.file,
+            valid_len: file_len,
         };
+        let result = match o.kind {
+            Err(reason) => Err(Problem {
+                is_tail: is_last && file_len <= SEGMENT_HEADER_LEN as u64,
+                ..Problem::at(o.id, 0, reason)
+            }),
+            Ok(FileKind::Snapshot) => Err(Problem::at(
+                o.id,
+                0,
+                "a segment file with a snapshot header",
+            )),
+            Ok(FileKind::Base) if i > 0 => {
+                Err(Problem::at(o.id, 0, "a base segment after log segments"))
+            }
+            Ok(kind) => match start {
+                Some((s, _)) if o.id < s || (kind == FileKind::Base && o.id == s) => Ok(file_len),
+                Some((s, offset)) if o.id == s => replay(
+                    &o.map,
+                    o.id,
+                    kind,
+                    offset as usize,
+                    is_last,
+                    index,
+                    &mut walk.records,
+                ),
+                _ => replay(
+                    &o.map,
+                    o.id,
+                    kind,
+                    SEGMENT_HEADER_LEN,
+                    is_last,
+                    index,
+                    &mut walk.records,
+                ),
+            },
+        };
+        match result {
+            Ok(valid_len) => segment.valid_len = valid_len,
+            Err(problem) => {
+                segment.valid_len = problem.offset;
+                walk.problem = Some(problem);
+            }
+        }
         walk.segments.push(segment);
         if walk.problem.is_some() {
             break;
         }
     }
-    Ok(walk)
+    walk
 }
 
-/// Replays the log for `open`. A torn tail of the newest segment is cut off
-/// (and the cut synced); anything else wrong is `Corruption`.
-///
-/// Returns the walk and the number of torn bytes discarded.
-pub(crate) fn recover(storage: &dyn Storage, dir: &Path, index: &mut Index) -> Result<(Walk, u64)> {
-    let mut walk = walk(storage, dir, index, true)?;
+/// Replays one segment's records from `from`; returns where they end.
+fn replay(
+    map: &[u8],
+    id: u32,
+    kind: FileKind,
+    from: usize,
+    is_last: bool,
+    index: &mut Index,
+    records: &mut u64,
+) -> Result<u64, Problem> {
+    if from > map.len() {
+        return Err(Problem::at(
+            id,
+            from as u64,
+            "snapshot position beyond the end of the segment",
+        ));
+    }
+    let mut reader = SegmentReader::starting_at(map, id, from);
+    let mut loader = StateLoader::default();
+    for item in reader.by_ref() {
+        let record = item.map_err(|bad| Problem {
+            is_tail: is_last && bad.is_tail && kind == FileKind::Log,
+            ..Problem::at(id, bad.offset, bad.reason)
+        })?;
+        let at_body = |offset: usize| u64::from(record.body_at) + offset as u64;
+        match (kind, record.kind) {
+            (FileKind::Log, KIND_BATCH) => {
+                let batch = decode_batch(record.body)
+                    .map_err(|e| Problem::at(id, at_body(e.offset), e.what))?;
+                index
+                    .apply_record(&batch, id, record.body_at)
+                    .map_err(|reason| Problem::at(id, u64::from(record.offset), reason))?;
+            }
+            (FileKind::Base, k) if k != KIND_BATCH => loader
+                .apply(index, k, record.body, id, record.body_at)
+                .map_err(|e| Problem::at(id, at_body(e.offset), e.what))?,
+            _ => {
+                return Err(Problem::at(
+                    id,
+                    u64::from(record.offset),
+                    "record of the wrong kind for its segment",
+                ));
+            }
+        }
+        *records += 1;
+    }
+    if kind == FileKind::Base && loader.end().is_none() {
+        return Err(Problem::at(
+            id,
+            reader.position(),
+            "base segment has no end record",
+        ));
+    }
+    Ok(reader.position())
+}
+
+/// Loads the snapshot into `index`; returns what it covers, or why it cannot be used.
+fn load_snapshot(
+    storage: &dyn Storage,
+    dir: &Path,
+    index: &mut Index,
+) -> Result<StateEnd, Cow<'static, str>> {
+    let path = dir.join(SNAPSHOT_FILE);
+    let file = storage
+        .open(&path, OpenMode::Read)
+        .map_err(|e| format!("cannot open: {e}"))?;
+    let map = file.map(0).map_err(|e| format!("cannot map: {e}"))?;
+    if decode_segment_header(&map, 0)? != FileKind::Snapshot {
+        return Err("not a snapshot file".into());
+    }
+    let mut loader = StateLoader::default();
+    for item in SegmentReader::new(&map, 0) {
+        let record = item.map_err(|bad| format!("{} at offset {}", bad.reason, bad.offset))?;
+        loader
+            .apply(index, record.kind, record.body, 0, record.body_at)
+            .map_err(|e| format!("{} in the record at offset {}", e.what, record.offset))?;
+    }
+    loader
+        .end()
+        .ok_or_else(|| "snapshot has no end record".into())
+}
+
+/// Checks that a snapshot belongs to this log and that every value it
+/// refers to lies inside the walked segments.
+fn check_snapshot(end: &StateEnd, index: &Index, walk: &Walk) -> Result<(), &'static str> {
+    if walk.segments.first().map(|s| s.id) != Some(end.first_segment) {
+        return Err("snapshot belongs to an older log");
+    }
+    let covered = walk
+        .segments
+        .iter()
+        .find(|s| s.id == end.covered_segment)
+        .ok_or("snapshot covers a missing segment")?;
+    if covered.valid_len < end.covered_offset {
+        return Err("snapshot covers more than the segment holds");
+    }
+    let len_of = |id: u32| {
+        walk.segments
+            .iter()
+            .find(|s| s.id == id)
+            .map(|s| s.valid_len)
+    };
+    for (_, entry) in index.keys.range_prefix(b"") {
+        if let Some(v) = entry.value() {
+            let end = u64::from(v.offset) + u64::from(v.len);
+            if v.offset < 4 || len_of(v.segment).is_none_or(|len| end > len) {
+                return Err("snapshot refers to a value outside the log");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether a snapshot was loaded, or why not (`None` if there was none).
+pub(crate) type SnapshotUse = Option<Result<(), Cow<'static, str>>>;
+
+/// What `open` found.
+#[derive(Debug)]
+pub(crate) struct Recovered {
+    pub index: Index,
+    pub walk: Walk,
+    /// Bytes of a torn final record that were cut off.
+    pub torn_bytes: u64,
+    pub snapshot: SnapshotUse,
+}
+
+/// Replays the segments below `below` (all of them if `None`), from the
+/// snapshot if it can be trusted. A walk from a snapshot that meets any
+/// problem is abandoned for a full replay, which then reports the problem.
+fn replay_log(
+    storage: &dyn Storage,
+    dir: &Path,
+    ttls: Ttls,
+    writable: bool,
+    below: Option<u32>,
+) -> Result<(Index, Walk, SnapshotUse)> {
+    let open = || -> Result<Vec<Opened>> {
+        let (mut opened, _) = open_segments(storage, dir, writable)?;
+        if let Some(cut) = below {
+            opened.retain(|o| o.id < cut);
+        }
+        Ok(opened)
+    };
+    let names = storage
+        .list_dir(dir)
+        .map_err(|e| Error::io("list", dir, e))?;
+    let mut snapshot = None;
+    if names.iter().any(|n| n == SNAPSHOT_FILE) {
+        let mut index = Index::new(ttls);
+        let reason = match load_snapshot(storage, dir, &mut index) {
+            Ok(end) => {
+                let walk = walk(
+                    open()?,
+                    &mut index,
+                    Some((end.covered_segment, end.covered_offset)),
+                );
+                match (&walk.problem, check_snapshot(&end, &index, &walk)) {
+                    (None, Ok(())) => return Ok((index, walk, Some(Ok(())))),
+                    (Some(p), _) => {
+                        format!("the log after it does not replay: {}", p.reason).into()
+                    }
+                    (None, Err(reason)) => reason.into(),
+                }
+            }
+            Err(reason) => reason,
+        };
+        snapshot = Some(Err(reason));
+    }
+    let mut index = Index::new(ttls);
+    let walk = walk(open()?, &mut index, None);
+    Ok((index, walk, snapshot))
+}
+
+/// Opens the log for `open`: removes what an interrupted compaction or
+/// snapshot left behind, loads the snapshot if it can be trusted, replays
+/// the rest, and cuts off a torn tail of the newest segment (syncing the
+/// cut). Anything else wrong is `Corruption`.
+pub(crate) fn recover(storage: &dyn Storage, dir: &Path, ttls: Ttls) -> Result<Recovered> {
+    remove_leftovers(storage, dir)?;
+    let (_, obsolete) = open_segments(storage, dir, false)?;
+    if !obsolete.is_empty() {
+        for id in obsolete {
+            let path = dir.join(segment_file_name(id));
+            storage
+                .remove_file(&path)
+                .map_err(|e| Error::io("remove", &path, e))?;
+        }
+        storage
+            .sync_dir(dir)
+            .map_err(|e| Error::io("sync directory", dir, e))?;
+    }
+    let (index, mut walk, snapshot) = replay_log(storage, dir, ttls, true, None)?;
+
     let mut torn_bytes = 0;
     if let Some(problem) = walk.problem.take() {
         if !problem.is_tail {
@@ -187,7 +440,7 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, index: &mut Index) -> R
         }
         let segment = walk
             .segments
-            .last()
+            .last_mut()
             .expect("a tail problem is in a walked segment");
         let path = dir.join(segment_file_name(segment.id));
         let len = segment
@@ -203,7 +456,7 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, index: &mut Index) -> R
                 .map_err(|e| Error::io("truncate", &path, e))?;
             segment
                 .file
-                .append(&encode_segment_header(segment.id))
+                .append(&encode_segment_header(segment.id, FileKind::Log))
                 .map_err(|e| Error::io("write", &path, e))?;
         } else {
             segment
@@ -215,22 +468,79 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, index: &mut Index) -> R
             .file
             .sync_data()
             .map_err(|e| Error::io("sync", &path, e))?;
-        if let Some(s) = walk.segments.last_mut() {
-            s.valid_len = s.valid_len.max(SEGMENT_HEADER_LEN as u64);
-        }
+        segment.valid_len = problem.offset.max(SEGMENT_HEADER_LEN as u64);
+        segment.kind = Some(FileKind::Log);
     }
-    Ok((walk, torn_bytes))
+    Ok(Recovered {
+        index,
+        walk,
+        torn_bytes,
+        snapshot,
+    })
+}
+
+/// The state of the sealed segments below `cut`, for compaction, with each
+/// segment's id and length. Any problem is `Corruption`: sealed segments are whole.
+pub(crate) fn state_before(
+    storage: &dyn Storage,
+    dir: &Path,
+    ttls: Ttls,
+    cut: u32,
+) -> Result<(Index, Vec<(u32, u64)>)> {
+    let (index, mut walk, _) = replay_log(storage, dir, ttls, false, Some(cut))?;
+    if let Some(problem) = walk.problem.take() {
+        return Err(problem.into_error());
+    }
+    let segments = walk.segments.iter().map(|s| (s.id, s.valid_len)).collect();
+    Ok((index, segments))
+}
+
+/// Loads a base segment from its map; the error says why it does not load.
+pub(crate) fn load_base(map: &[u8], id: u32, ttls: Ttls) -> Result<Index, Cow<'static, str>> {
+    if decode_segment_header(map, id)? != FileKind::Base {
+        return Err("not a base segment".into());
+    }
+    let mut index = Index::new(ttls);
+    let mut records = 0;
+    replay(
+        map,
+        id,
+        FileKind::Base,
+        SEGMENT_HEADER_LEN,
+        false,
+        &mut index,
+        &mut records,
+    )
+    .map_err(|p| p.reason)?;
+    Ok(index)
+}
+
+/// Removes temporary files that an interrupted compaction or snapshot left.
+fn remove_leftovers(storage: &dyn Storage, dir: &Path) -> Result<()> {
+    let names = storage
+        .list_dir(dir)
+        .map_err(|e| Error::io("list", dir, e))?;
+    for name in names.iter().filter(|n| n.ends_with(TMP_SUFFIX)) {
+        let path = dir.join(name);
+        storage
+            .remove_file(&path)
+            .map_err(|e| Error::io("remove", &path, e))?;
+    }
+    Ok(())
 }
 
 /// Directory that repair moves dropped bytes into.
 pub(crate) const LOST_FOUND_DIR: &str = "lost+found";
 
 /// Cuts the log at its first problem, keeping the longest valid prefix. The
-/// dropped bytes are moved into `lost+found/`, not deleted.
+/// dropped bytes, and the snapshot (which may cover them), are moved into
+/// `lost+found/`, not deleted.
 pub(crate) fn repair(storage: &dyn Storage, dir: &Path, now_ms: u64) -> Result<RepairReport> {
     let all_ids = list_segments(storage, dir)?;
-    let mut scratch = Index::default();
-    let walk = walk(storage, dir, &mut scratch, true)?;
+    let (opened, _) = open_segments(storage, dir, true)?;
+    let kinds: Vec<(u32, Result<FileKind, &'static str>)> =
+        opened.iter().map(|o| (o.id, o.kind)).collect();
+    let walk = walk(opened, &mut Index::default(), None);
     let mut report = RepairReport {
         records_kept: walk.records,
         ..RepairReport::default()
@@ -245,43 +555,53 @@ pub(crate) fn repair(storage: &dyn Storage, dir: &Path, now_ms: u64) -> Result<R
         .map_err(|e| Error::io("create directory", &lost, e))?;
     report.lost_found = Some(lost.clone());
 
-    // The segment holding the problem keeps its valid prefix, if it has one.
+    // The segment holding the problem keeps its valid prefix, if it has one:
+    // a log segment can be cut between records, a base segment cannot.
+    let is_base = kinds
+        .iter()
+        .any(|&(id, k)| id == problem.segment && k == Ok(FileKind::Base));
     let cut_segment = walk.segments.iter().find(|s| s.id == problem.segment);
     let mut first_dropped = problem.segment;
-    if let Some(s) = cut_segment {
+    if let Some(s) = cut_segment.filter(|_| !is_base && problem.offset >= SEGMENT_HEADER_LEN as u64)
+    {
         let path = dir.join(segment_file_name(s.id));
         let map = s.file.map(0).map_err(|e| Error::io("map", &path, e))?;
-        if problem.offset >= SEGMENT_HEADER_LEN as u64 {
-            let tail = map.get(problem.offset as usize..).unwrap_or_default();
-            let tail_path = lost.join(format!(
-                "{}.{}.tail",
-                segment_file_name(s.id),
-                problem.offset
-            ));
-            write_new_file(storage, &tail_path, tail)?;
-            report.bytes_dropped += tail.len() as u64;
-            // The walk opened segments before the newest read-only.
-            let file = storage
-                .open(&path, OpenMode::Append)
-                .map_err(|e| Error::io("open", &path, e))?;
-            file.set_len(problem.offset)
-                .map_err(|e| Error::io("truncate", &path, e))?;
-            file.sync_data()
-                .map_err(|e| Error::io("sync", &path, e))?;
-            first_dropped = s.id.saturating_add(1);
-        }
+        let tail = map.get(problem.offset as usize..).unwrap_or_default();
+        let tail_path = lost.join(format!(
+            "{}.{}.tail",
+            segment_file_name(s.id),
+            problem.offset
+        ));
+        write_new_file(storage, &tail_path, tail)?;
+        report.bytes_dropped += tail.len() as u64;
+        // The walk opened segments before the newest read-only.
+        let file = storage
+            .open(&path, OpenMode::Append)
+            .map_err(|e| Error::io("open", &path, e))?;
+        file.set_len(problem.offset)
+            .map_err(|e| Error::io("truncate", &path, e))?;
+        file.sync_data().map_err(|e| Error::io("sync", &path, e))?;
+        first_dropped = s.id.saturating_add(1);
     }
-    for &id in all_ids.iter().filter(|&&id| id >= first_dropped) {
-        let from = dir.join(segment_file_name(id));
-        let to = lost.join(segment_file_name(id));
+    let mut moved: Vec<String> = all_ids
+        .iter()
+        .filter(|&&id| id >= first_dropped)
+        .map(|&id| segment_file_name(id))
+        .collect();
+    report.segments_dropped = moved.len() as u64;
+    let names = storage
+        .list_dir(dir)
+        .map_err(|e| Error::io("list", dir, e))?;
+    moved.extend(names.into_iter().filter(|n| n == SNAPSHOT_FILE));
+    for name in moved {
+        let from = dir.join(&name);
         let file = storage
             .open(&from, OpenMode::Read)
             .map_err(|e| Error::io("open", &from, e))?;
         report.bytes_dropped += file.len().map_err(|e| Error::io("stat", &from, e))?;
         storage
-            .rename(&from, &to)
+            .rename(&from, &lost.join(&name))
             .map_err(|e| Error::io("rename", &from, e))?;
-        report.segments_dropped += 1;
     }
     storage
         .sync_dir(&lost)
@@ -301,13 +621,22 @@ fn write_new_file(storage: &dyn Storage, path: &PathBuf, bytes: &[u8]) -> Result
     file.sync_data().map_err(|e| Error::io("sync", path, e))
 }
 
-/// Checks every record without changing anything: any problem, a torn tail
-/// included, is `Corruption`.
+/// Checks every record, and the snapshot if there is one, without changing
+/// anything: any problem, a torn tail included, is `Corruption`.
 pub(crate) fn verify(storage: &dyn Storage, dir: &Path) -> Result<Walk> {
-    let mut scratch = Index::default();
-    let mut walk = walk(storage, dir, &mut scratch, false)?;
-    match walk.problem.take() {
-        Some(problem) => Err(problem.into_error()),
-        None => Ok(walk),
+    let (opened, _) = open_segments(storage, dir, false)?;
+    let mut walk = walk(opened, &mut Index::default(), None);
+    if let Some(problem) = walk.problem.take() {
+        return Err(problem.into_error());
     }
+    let names = storage
+        .list_dir(dir)
+        .map_err(|e| Error::io("list", dir, e))?;
+    if names.iter().any(|n| n == SNAPSHOT_FILE) {
+        let mut scratch = Index::default();
+        load_snapshot(storage, dir, &mut scratch)
+            .and_then(|end| check_snapshot(&end, &scratch, &walk).map_err(Cow::Borrowed))
+            .map_err(|reason| corruption(0, SNAPSHOT_FILE.to_owned(), 0, reason))?;
+    }
+    Ok(walk)
 }

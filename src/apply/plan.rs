@@ -109,7 +109,11 @@ impl<'b, V: StateView> Planner<'b, '_, V> {
                 WriteSource::Put(v) => Some(Value::Planned(v)),
                 WriteSource::Delete => None,
                 // A bump is only planned for a key whose committed row is live.
-                WriteSource::Bump => self.view.key(key).and_then(|e| e.value()).map(Value::Stored),
+                WriteSource::Bump => self
+                    .view
+                    .key(key)
+                    .and_then(|e| e.value())
+                    .map(Value::Stored),
             };
             return Current {
                 version: Some(w.seq),

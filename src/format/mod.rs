@@ -7,6 +7,7 @@
 pub(crate) mod codec;
 pub(crate) mod record;
 pub(crate) mod segment;
+pub(crate) mod state;
 
 /// Format version written in every segment header.
 pub(crate) const FORMAT_VERSION: u32 = 1;

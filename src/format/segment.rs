@@ -6,12 +6,14 @@ use super::FORMAT_VERSION;
 /// First bytes of every segment file.
 pub(crate) const SEGMENT_MAGIC: [u8; 8] = *b"IDEMKVSG";
 
-// Segment header: magic | version u32 | segment id u32 | reserved u64 (zero) | crc u32 | pad u32 (zero).
+// Segment header: magic | version u32 | segment id u32 | file kind u32 |
+// reserved u32 (zero) | crc u32 | pad u32 (zero).
 const MAGIC_AT: usize = 0;
 const VERSION_AT: usize = MAGIC_AT + 8;
 const SEGMENT_ID_AT: usize = VERSION_AT + 4;
-const RESERVED_AT: usize = SEGMENT_ID_AT + 4;
-const HEADER_CRC_AT: usize = RESERVED_AT + 8;
+const FILE_KIND_AT: usize = SEGMENT_ID_AT + 4;
+const RESERVED_AT: usize = FILE_KIND_AT + 4;
+const HEADER_CRC_AT: usize = RESERVED_AT + 4;
 const PAD_AT: usize = HEADER_CRC_AT + 4;
 /// Bytes of the segment header; the first record starts here.
 pub(crate) const SEGMENT_HEADER_LEN: usize = PAD_AT + 4;
@@ -44,19 +46,32 @@ fn put_u32_at(buf: &mut [u8], at: usize, v: u32) {
         .copy_from_slice(&v.to_le_bytes());
 }
 
-/// Encodes the header of segment `segment_id`.
-pub(crate) fn encode_segment_header(segment_id: u32) -> [u8; SEGMENT_HEADER_LEN] {
+/// What a file holds. Every file the engine writes starts with the same header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FileKind {
+    /// A log segment: batch records, appended.
+    Log = 0,
+    /// A base segment written by compaction: state records with values inline.
+    Base = 1,
+    /// A snapshot of the index: state records that refer to values in segments.
+    Snapshot = 2,
+}
+
+/// Encodes the header of segment `segment_id` (0 for a snapshot).
+pub(crate) fn encode_segment_header(segment_id: u32, kind: FileKind) -> [u8; SEGMENT_HEADER_LEN] {
     let mut h = [0u8; SEGMENT_HEADER_LEN];
     h[MAGIC_AT..MAGIC_AT + 8].copy_from_slice(&SEGMENT_MAGIC);
     put_u32_at(&mut h, VERSION_AT, FORMAT_VERSION);
     put_u32_at(&mut h, SEGMENT_ID_AT, segment_id);
+    put_u32_at(&mut h, FILE_KIND_AT, kind as u32);
     let crc = crc32fast::hash(&h[..HEADER_CRC_AT]);
     put_u32_at(&mut h, HEADER_CRC_AT, crc);
     h
 }
 
-/// Checks a segment header; returns why it is not a valid header of `segment_id`.
-pub(crate) fn decode_segment_header(buf: &[u8], segment_id: u32) -> Result<(), &'static str> {
+/// Checks a segment header; returns the file's kind, or why it is not a
+/// valid header of `segment_id`.
+pub(crate) fn decode_segment_header(buf: &[u8], segment_id: u32) -> Result<FileKind, &'static str> {
     let h = buf
         .get(..SEGMENT_HEADER_LEN)
         .ok_or("segment header is incomplete")?;
@@ -79,7 +94,15 @@ pub(crate) fn decode_segment_header(buf: &[u8], segment_id: u32) -> Result<(), &
     if u32_at(h, SEGMENT_ID_AT) != segment_id {
         return Err("segment header names another segment id");
     }
-    Ok(())
+    if u32_at(h, RESERVED_AT) != 0 {
+        return Err("segment header reserved field is not zero");
+    }
+    match u32_at(h, FILE_KIND_AT) {
+        0 => Ok(FileKind::Log),
+        1 => Ok(FileKind::Base),
+        2 => Ok(FileKind::Snapshot),
+        _ => Err("segment header has an unknown file kind"),
+    }
 }
 
 /// The fields of a record frame header.
@@ -137,8 +160,8 @@ mod tests {
 
     #[test]
     fn segment_header_round_trips_and_names_its_id() {
-        let h = encode_segment_header(7);
-        assert_eq!(decode_segment_header(&h, 7), Ok(()));
+        let h = encode_segment_header(7, FileKind::Base);
+        assert_eq!(decode_segment_header(&h, 7), Ok(FileKind::Base));
         assert!(decode_segment_header(&h, 8).is_err());
         for i in 0..SEGMENT_HEADER_LEN {
             let mut bad = h;

@@ -31,7 +31,10 @@ impl AddMark {
     /// The seq at or below which a new-looking `Add` is refused at `now_ms`.
     fn floor_at(&self, ttl_ms: Option<u64>, now_ms: u64) -> Option<u64> {
         if is_expired(self.window_start_ms, ttl_ms, now_ms) {
-            Some(self.floor.map_or(self.window_seq, |f| f.max(self.window_seq)))
+            Some(
+                self.floor
+                    .map_or(self.window_seq, |f| f.max(self.window_seq)),
+            )
         } else {
             self.floor
         }
@@ -48,7 +51,10 @@ pub(crate) struct AddMarks {
 impl AddMarks {
     /// Empty marks for seen ids that expire after `ttl_ms`.
     pub(crate) fn new(ttl_ms: Option<u64>) -> Self {
-        Self { ttl_ms, marks: HashMap::new() }
+        Self {
+            ttl_ms,
+            marks: HashMap::new(),
+        }
     }
 
     /// The seq at or below which an `Add` on `key` is `too_late` at `now_ms`
@@ -68,7 +74,11 @@ impl AddMarks {
             }
             Some(mark) => mark.window_seq = mark.window_seq.max(seq),
             None => {
-                let mark = AddMark { floor: None, window_start_ms: now_ms, window_seq: seq };
+                let mark = AddMark {
+                    floor: None,
+                    window_start_ms: now_ms,
+                    window_seq: seq,
+                };
                 self.marks.insert(key.into(), mark);
             }
         }

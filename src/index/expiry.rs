@@ -21,8 +21,16 @@ fn millis(ttl: Option<Duration>) -> Option<u64> {
 }
 
 impl Ttls {
-    pub(crate) fn new(seen: Option<Duration>, batch: Option<Duration>, tombstone: Option<Duration>) -> Self {
-        Self { seen_ms: millis(seen), batch_ms: millis(batch), tombstone_ms: millis(tombstone) }
+    pub(crate) fn new(
+        seen: Option<Duration>,
+        batch: Option<Duration>,
+        tombstone: Option<Duration>,
+    ) -> Self {
+        Self {
+            seen_ms: millis(seen),
+            batch_ms: millis(batch),
+            tombstone_ms: millis(tombstone),
+        }
     }
 }
 

@@ -81,6 +81,18 @@ impl KeyIndex {
             .map(|(k, e)| (&k[..], *e))
     }
 
+    /// Moves live values: for each live key in key order, `to` returns the
+    /// value's new location, or `None` to leave it.
+    pub(crate) fn relocate(&mut self, mut to: impl FnMut(&[u8], ValueRef) -> Option<ValueRef>) {
+        for (key, entry) in &mut self.map {
+            if let KeyState::Live(v) = entry.state
+                && let Some(moved) = to(key, v)
+            {
+                entry.state = KeyState::Live(moved);
+            }
+        }
+    }
+
     /// Drops tombstones expired at `now_ms`; returns how many.
     pub(crate) fn purge_tombstones(&mut self, ttl_ms: Option<u64>, now_ms: u64) -> u64 {
         if ttl_ms.is_none() {

@@ -99,7 +99,11 @@ impl Index {
                         .and_then(|at| body_at.checked_add(at))
                         .ok_or("value offset out of range")?;
                     let len = u32::try_from(value.len()).map_err(|_| "value too long")?;
-                    KeyState::Live(ValueRef { segment, offset, len })
+                    KeyState::Live(ValueRef {
+                        segment,
+                        offset,
+                        len,
+                    })
                 }
                 WriteView::Delete => KeyState::Deleted { at_secs },
                 WriteView::Bump => self
@@ -118,8 +122,10 @@ impl Index {
             self.add_marks.record(key, seq, now_ms);
         }
         for &(source, position) in &record.checkpoints {
-            self.checkpoints
-                .insert(Bytes::copy_from_slice(source), Bytes::copy_from_slice(position));
+            self.checkpoints.insert(
+                Bytes::copy_from_slice(source),
+                Bytes::copy_from_slice(position),
+            );
         }
         let batch_id = Bytes::copy_from_slice(record.batch_id);
         for q in &record.quarantine {

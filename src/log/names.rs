@@ -4,6 +4,12 @@
 /// File name of the directory lock.
 pub(crate) const LOCK_FILE: &str = "LOCK";
 
+/// File name of the index snapshot.
+pub(crate) const SNAPSHOT_FILE: &str = "SNAPSHOT";
+
+/// Suffix of a file being written, renamed into place once whole and synced.
+pub(crate) const TMP_SUFFIX: &str = ".tmp";
+
 /// File name of segment `id`.
 pub(crate) fn segment_file_name(id: u32) -> String {
     format!("{id:010}.seg")

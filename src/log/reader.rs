@@ -15,10 +15,12 @@
 
 use crate::format::record::KIND_BATCH;
 use crate::format::segment::{FRAME_HEADER_LEN, Frame, SEGMENT_HEADER_LEN, decode_frame};
+use crate::format::state::KIND_END;
 
 /// One whole record.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RecordRef<'a> {
+    pub kind: u8,
     /// Offset of the frame header in the segment.
     pub offset: u32,
     /// Offset of the body in the segment.
@@ -47,10 +49,16 @@ pub(crate) struct SegmentReader<'a> {
 impl<'a> SegmentReader<'a> {
     /// A reader over a segment whose header the caller has already checked.
     pub(crate) fn new(map: &'a [u8], segment_id: u32) -> Self {
+        Self::starting_at(map, segment_id, SEGMENT_HEADER_LEN)
+    }
+
+    /// A reader that starts at `offset`, which the caller knows to be a
+    /// record boundary (from a snapshot).
+    pub(crate) fn starting_at(map: &'a [u8], segment_id: u32, offset: usize) -> Self {
         Self {
             map,
             segment_id,
-            pos: SEGMENT_HEADER_LEN,
+            pos: offset.max(SEGMENT_HEADER_LEN),
             done: false,
         }
     }
@@ -109,13 +117,14 @@ impl<'a> Iterator for SegmentReader<'a> {
         if crc32fast::hash(body) != frame.body_crc {
             return Some(Err(self.bad("record body checksum mismatch", true)));
         }
-        if frame.kind != KIND_BATCH {
+        if !(KIND_BATCH..=KIND_END).contains(&frame.kind) {
             return Some(Err(self.bad("unknown record kind", false)));
         }
         let Some(body_at_u32) = frame.offset.checked_add(FRAME_HEADER_LEN as u32) else {
             return Some(Err(self.bad("record beyond 4 GiB", false)));
         };
         let record = RecordRef {
+            kind: frame.kind,
             offset: frame.offset,
             body_at: body_at_u32,
             body,

@@ -60,6 +60,16 @@ impl SegmentMaps {
         self.maps.write().insert(segment, Mapped { file, map });
     }
 
+    /// Forgets the segments below `id` (replaced by a base segment).
+    pub(crate) fn remove_below(&self, id: u32) {
+        self.maps.write().retain(|&segment, _| segment >= id);
+    }
+
+    /// The lowest segment id mapped.
+    pub(crate) fn first_id(&self) -> Option<u32> {
+        self.maps.read().keys().min().copied()
+    }
+
     /// Total bytes of the mapped segments' files, and how many there are.
     pub(crate) fn disk_bytes(&self) -> (u64, u64) {
         let maps = self.maps.read();

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use super::names::segment_file_name;
 use crate::error::{Error, Result};
 use crate::format::segment::{
-    FRAME_HEADER_LEN, SEGMENT_HEADER_LEN, encode_frame, encode_segment_header,
+    FRAME_HEADER_LEN, FileKind, SEGMENT_HEADER_LEN, encode_frame, encode_segment_header,
 };
 use crate::storage::{OpenMode, Storage, StorageFile};
 
@@ -30,7 +30,7 @@ pub(crate) fn create_segment(
     let file = storage
         .open(&path, OpenMode::CreateNew)
         .map_err(|e| Error::io("create", &path, e))?;
-    file.append(&encode_segment_header(id))
+    file.append(&encode_segment_header(id, FileKind::Log))
         .map_err(|e| Error::io("write", &path, e))?;
     file.sync_data().map_err(|e| Error::io("sync", &path, e))?;
     storage
@@ -157,8 +157,15 @@ impl LogWriter {
         Ok(self.lsn)
     }
 
+    /// Where the next record goes: active segment id and offset, and the
+    /// log sequence number (everything before it is in the sealed segments
+    /// and the active one).
+    pub(crate) fn position(&self) -> (u32, u64, u64) {
+        (self.active_id, self.active_len, self.lsn)
+    }
+
     /// Seals the active segment and starts the next one.
-    fn rotate(&mut self) -> Result<Arc<dyn StorageFile>> {
+    pub(crate) fn rotate(&mut self) -> Result<Arc<dyn StorageFile>> {
         let path = self.dir.join(segment_file_name(self.active_id));
         self.active
             .sync_data()

@@ -8,6 +8,7 @@
 //! the disk.
 
 mod group_commit;
+mod maintenance;
 mod types;
 mod write;
 
@@ -18,6 +19,7 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use bytes::Bytes;
 use parking_lot::{Mutex, RwLock};
@@ -26,7 +28,7 @@ use crate::apply::StateView;
 use crate::batch::{BatchReport, QuarantineEntry};
 use crate::digest::{Digest, DigestBuilder};
 use crate::error::{Error, Result};
-use crate::format::segment::SEGMENT_HEADER_LEN;
+use crate::format::segment::{FileKind, SEGMENT_HEADER_LEN};
 use crate::index::Index;
 use crate::index::expiry::Ttls;
 use crate::index::keys::KeyEntry;
@@ -46,7 +48,11 @@ pub struct Store {
     maps: SegmentMaps,
     writer: Mutex<LogWriter>,
     commit: GroupCommit,
-    torn_bytes_discarded: u64,
+    /// Serialises compaction, snapshots and verify.
+    maintenance: Mutex<()>,
+    /// Set by `close`, so that drop does not write a second snapshot.
+    closed: AtomicBool,
+    opened: OpenReport,
     /// Held for the store's lifetime; dropping it releases the directory.
     _lock: Box<dyn Any + Send + Sync>,
 }
@@ -57,6 +63,14 @@ impl fmt::Debug for Store {
             .field("dir", &self.dir)
             .finish_non_exhaustive()
     }
+}
+
+/// What `open` did, for `stats`.
+#[derive(Debug)]
+struct OpenReport {
+    torn_bytes_discarded: u64,
+    records_replayed: u64,
+    snapshot: recovery::SnapshotUse,
 }
 
 fn lock_dir(storage: &dyn Storage, dir: &Path) -> Result<Box<dyn Any + Send + Sync>> {
@@ -90,16 +104,28 @@ impl Store {
         let storage = Arc::clone(&options.storage);
         let lock = lock_dir(storage.as_ref(), &dir)?;
         let ttls = Ttls::new(options.seen_ttl, options.batch_ttl, options.tombstone_ttl);
-        let mut index = Index::new(ttls);
-        let (mut walk, torn_bytes_discarded) =
-            recovery::recover(storage.as_ref(), &dir, &mut index)?;
+        let recovered = recovery::recover(storage.as_ref(), &dir, ttls)?;
+        let mut walk = recovered.walk;
         let reserve = options.segment_bytes_max.saturating_add(MAP_SLACK_BYTES);
         let maps = SegmentMaps::new(reserve);
 
-        if walk.segments.is_empty() {
-            let file = create_segment(storage.as_ref(), &dir, 1)?;
+        // Appends go to the newest log segment; a new one is started if there
+        // is none, or if the newest segment is a base (after a repair).
+        let newest = walk.segments.last().map(|s| (s.id, s.kind));
+        if let None | Some((_, Some(FileKind::Base))) = newest {
+            let id = newest
+                .map_or(Some(1), |(id, _)| id.checked_add(1))
+                .ok_or_else(|| {
+                    Error::io(
+                        "create",
+                        &dir,
+                        std::io::Error::other("segment ids exhausted"),
+                    )
+                })?;
+            let file = create_segment(storage.as_ref(), &dir, id)?;
             walk.segments.push(recovery::WalkedSegment {
-                id: 1,
+                id,
+                kind: Some(FileKind::Log),
                 file,
                 valid_len: SEGMENT_HEADER_LEN as u64,
             });
@@ -125,11 +151,17 @@ impl Store {
         Ok(Store {
             dir,
             options,
-            index: RwLock::new(index),
+            index: RwLock::new(recovered.index),
             maps,
             writer: Mutex::new(writer),
             commit: GroupCommit::default(),
-            torn_bytes_discarded,
+            maintenance: Mutex::new(()),
+            closed: AtomicBool::new(false),
+            opened: OpenReport {
+                torn_bytes_discarded: recovered.torn_bytes,
+                records_replayed: walk.records,
+                snapshot: recovered.snapshot,
+            },
             _lock: lock,
         })
     }
@@ -144,26 +176,39 @@ impl Store {
     /// # Errors
     /// `Corruption` if the value's bytes fail their checksum.
     pub fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<Record>> {
-        let entry = self.index.read().keys.get(key.as_ref());
-        match entry {
-            Some(entry) => match entry.value() {
-                Some(value) => Ok(Some(Record { seq: entry.seq, value: self.maps.read(value)? })),
-                None => Ok(None),
-            },
+        // The value is read under the index lock: compaction moves values
+        // and swaps maps under the write lock.
+        let index = self.index.read();
+        let Some(entry) = index.keys.get(key.as_ref()) else {
+            return Ok(None);
+        };
+        match entry.value() {
+            Some(value) => Ok(Some(Record {
+                seq: entry.seq,
+                value: self.maps.read(value)?,
+            })),
             None => Ok(None),
         }
     }
 
-    /// Live rows whose key starts with `prefix`, in key order, as of the call.
-    pub fn scan_prefix(&self, prefix: impl AsRef<[u8]>) -> Scan<'_> {
+    /// Live rows whose key starts with `prefix`, in key order, as of the
+    /// call. Values are not copied: each row's bytes point into the segment
+    /// maps, and stay valid however long the caller keeps them.
+    pub fn scan_prefix(&self, prefix: impl AsRef<[u8]>) -> Scan {
         let index = self.index.read();
-        let rows: Vec<(Bytes, u64, ValueRef)> = index
+        let rows: Vec<Result<(Bytes, Record)>> = index
             .keys
             .range_prefix(prefix.as_ref())
-            .filter_map(|(k, e)| e.value().map(|v| (Bytes::copy_from_slice(k), e.seq, v)))
+            .filter_map(|(k, e)| {
+                let value = e.value()?;
+                let row = self
+                    .maps
+                    .read(value)
+                    .map(|value| (Bytes::copy_from_slice(k), Record { seq: e.seq, value }));
+                Some(row)
+            })
             .collect();
         Scan {
-            maps: &self.maps,
             rows: rows.into_iter(),
         }
     }
@@ -255,7 +300,13 @@ impl Store {
                 seen: index.seen.memory_bytes(),
                 batches: index.batches.memory_bytes(),
             },
-            torn_bytes_discarded: self.torn_bytes_discarded,
+            torn_bytes_discarded: self.opened.torn_bytes_discarded,
+            records_replayed_at_open: self.opened.records_replayed,
+            opened_from_snapshot: matches!(self.opened.snapshot, Some(Ok(()))),
+            snapshot_rejected: match &self.opened.snapshot {
+                Some(Err(reason)) => Some(reason.to_string()),
+                _ => None,
+            },
         }
     }
 
@@ -264,6 +315,7 @@ impl Store {
     /// # Errors
     /// `Corruption` naming segment and offset at the first bad byte.
     pub fn verify(&self) -> Result<VerifyReport> {
+        let _maintenance = self.maintenance.lock();
         let _writer = self.writer.lock();
         verify_report(recovery::verify(self.options.storage.as_ref(), &self.dir)?)
     }
@@ -303,24 +355,18 @@ fn verify_report(walk: recovery::Walk) -> Result<VerifyReport> {
     })
 }
 
-/// Iterator over live rows in key order, from [`Store::scan_prefix`]. The
-/// rows are fixed when the scan starts; values are read as it goes.
+/// Iterator over live rows in key order, from [`Store::scan_prefix`]: a
+/// consistent snapshot taken when the scan starts.
 #[derive(Debug)]
-pub struct Scan<'a> {
-    maps: &'a SegmentMaps,
-    rows: std::vec::IntoIter<(Bytes, u64, ValueRef)>,
+pub struct Scan {
+    rows: std::vec::IntoIter<Result<(Bytes, Record)>>,
 }
 
-impl Iterator for Scan<'_> {
+impl Iterator for Scan {
     type Item = Result<(Bytes, Record)>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let (key, seq, value) = self.rows.next()?;
-        Some(
-            self.maps
-                .read(value)
-                .map(|value| (key, Record { seq, value })),
-        )
+        self.rows.next()
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {

@@ -50,6 +50,12 @@ pub struct Stats {
     pub index_bytes: IndexBytes,
     /// Bytes of a torn final record that `open` discarded.
     pub torn_bytes_discarded: u64,
+    /// Log records `open` replayed (those after the snapshot, if one was loaded).
+    pub records_replayed_at_open: u64,
+    /// `open` loaded the snapshot and replayed only the log after it.
+    pub opened_from_snapshot: bool,
+    /// Why `open` found a snapshot but did not trust it (it replayed the whole log).
+    pub snapshot_rejected: Option<String>,
 }
 
 /// What a verify pass read; any problem is an error instead.

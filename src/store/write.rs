@@ -106,7 +106,11 @@ impl Store {
                 on_conflict: self.options.on_conflict,
                 value_bytes_max: self.options.value_bytes_max,
             };
-            let view = PlanView { index: &index, maps: &self.maps, now_ms };
+            let view = PlanView {
+                index: &index,
+                maps: &self.maps,
+                now_ms,
+            };
             (plan(batch, &hashes, &view, options)?, now_ms)
         };
 
@@ -187,7 +191,7 @@ impl Store {
         }
     }
 
-    fn maps_reserve(&self) -> u64 {
+    pub(super) fn maps_reserve(&self) -> u64 {
         self.options
             .segment_bytes_max
             .saturating_add(super::MAP_SLACK_BYTES)

@@ -1,0 +1,241 @@
+//! Compaction, snapshots and closing: the store's work that is not a batch.
+//!
+//! All of it runs under the `maintenance` lock, one at a time, and never
+//! holds the writer or index lock longer than a cut or a switch.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::Store;
+use crate::compaction::{self, CUT_OFFSET, CompactionReport};
+use crate::error::{Error, Result};
+use crate::format::segment::FileKind;
+use crate::format::state::StateEnd;
+use crate::index::Index;
+use crate::index::expiry::Ttls;
+use crate::log::names::{SNAPSHOT_FILE, TMP_SUFFIX, segment_file_name};
+use crate::state_file::{self, Values};
+
+impl Store {
+    /// Expires what is past its TTL and rewrites what is still live (rows,
+    /// unexpired tombstones and seen ids, the batch registry, checkpoints,
+    /// quarantine, add marks) from all sealed segments into one base
+    /// segment, then deletes the segments it replaces. Readers and
+    /// `apply_batch` go on while it runs; `pause` in the report is the
+    /// longest they were held back.
+    ///
+    /// A crash at any point leaves a store that opens to the same state.
+    ///
+    /// # Errors
+    /// `Io` or `Poisoned` when the disk fails; `Corruption` if a sealed
+    /// segment fails its checksum.
+    pub fn compact(&self) -> Result<CompactionReport> {
+        let _maintenance = self.maintenance.lock();
+        let started = Instant::now();
+        let storage = self.options.storage.as_ref();
+        let bytes_before = self.maps.disk_bytes().0;
+
+        // Cut: seal the active segment; everything before it is compacted.
+        let cut_started = Instant::now();
+        let (cut, now_ms) = {
+            let mut writer = self.writer.lock();
+            self.commit.check()?;
+            let file = writer
+                .rotate()
+                .inspect_err(|e| self.commit.poison(format!("segment rotation failed: {e}")))?;
+            let (cut, _, lsn) = writer.position();
+            self.commit.durable(lsn);
+            self.commit.written(lsn, &file);
+            let path = self.dir.join(segment_file_name(cut));
+            let map = file
+                .map(self.maps_reserve())
+                .map_err(|e| Error::io("map", path, e))
+                .inspect_err(|e| self.commit.poison(format!("map failed: {e}")))?;
+            self.maps.insert(cut, Arc::clone(&file), map);
+            (cut, self.index.read().log_time_ms)
+        };
+        let mut pause = cut_started.elapsed();
+
+        let read_value = |v| self.maps.read(v);
+        let rewritten =
+            compaction::rewrite(storage, &self.dir, self.ttls(), cut, now_ms, &read_value)?;
+        let base_id = rewritten.base_id;
+        let base_path = self.dir.join(segment_file_name(base_id));
+
+        // The switch. A snapshot refers to the old segments: it goes first,
+        // durably, so that no crash can pair it with the base.
+        self.remove_snapshot()?;
+        storage
+            .rename(&rewritten.tmp_path, &base_path)
+            .map_err(|e| Error::io("rename", &rewritten.tmp_path, e))?;
+        self.sync_dir()?;
+
+        let switch_started = Instant::now();
+        {
+            let mut index = self.index.write();
+            let mut moved = rewritten
+                .state
+                .keys
+                .range_prefix(b"")
+                .filter_map(|(k, e)| Some((k, e.value()?)))
+                .peekable();
+            index.keys.relocate(|key, value| {
+                if value.segment >= cut {
+                    return None;
+                }
+                while moved.next_if(|(k, _)| *k < key).is_some() {}
+                let (k, to) = moved
+                    .next()
+                    .expect("every live value below the cut is in the base");
+                assert_eq!(k, key, "the base holds the live key being moved");
+                Some(to)
+            });
+            let log_time_ms = index.log_time_ms;
+            index.purge_expired(log_time_ms);
+            self.maps
+                .insert(base_id, Arc::clone(&rewritten.file), rewritten.map.clone());
+            self.maps.remove_below(base_id);
+        }
+        pause = pause.max(switch_started.elapsed());
+
+        for &id in rewritten
+            .replaced_segments
+            .iter()
+            .filter(|&&id| id < base_id)
+        {
+            let path = self.dir.join(segment_file_name(id));
+            storage
+                .remove_file(&path)
+                .map_err(|e| Error::io("remove", &path, e))?;
+        }
+        self.sync_dir()?;
+
+        // The base's own state makes the next open load instead of replay.
+        let end = StateEnd {
+            covered_segment: cut,
+            covered_offset: CUT_OFFSET,
+            first_segment: base_id,
+            ..StateEnd::default()
+        };
+        self.write_snapshot(&rewritten.state, end)?;
+
+        let base_bytes = rewritten
+            .file
+            .len()
+            .map_err(|e| Error::io("stat", &base_path, e))?;
+        Ok(CompactionReport {
+            seen_ids_dropped: rewritten.purged.seen_ids,
+            batch_ids_dropped: rewritten.purged.batch_ids,
+            tombstones_dropped: rewritten.purged.tombstones,
+            segments_replaced: rewritten.replaced_segments.len() as u64,
+            dead_bytes: rewritten.replaced_bytes.saturating_sub(base_bytes),
+            bytes_before,
+            bytes_after: self.maps.disk_bytes().0,
+            pause,
+            duration: started.elapsed(),
+        })
+    }
+
+    /// Writes a snapshot of the index, so that the next `open` replays only
+    /// the log written after it. Writers wait while the index is written out.
+    ///
+    /// # Errors
+    /// `Io` or `Poisoned` when the disk fails.
+    pub fn snapshot(&self) -> Result<()> {
+        let _maintenance = self.maintenance.lock();
+        let writer = self.writer.lock();
+        self.commit.check()?;
+        // The snapshot may only cover what is durable.
+        let (segment, offset, _) = writer.position();
+        let path = self.dir.join(segment_file_name(segment));
+        writer.active_file().sync_data().map_err(|e| {
+            self.commit.poison(format!("sync failed: {e}"));
+            Error::io("sync", path, e)
+        })?;
+        let first_segment = self.maps.first_id().unwrap_or(segment);
+        let index = self.index.read();
+        let end = StateEnd {
+            covered_segment: segment,
+            covered_offset: offset,
+            first_segment,
+            ..StateEnd::default()
+        };
+        self.write_snapshot(&index, end)
+    }
+
+    /// Closes the store, writing a snapshot first if the log grew since it
+    /// was opened (or was replayed in full).
+    ///
+    /// # Errors
+    /// As [`Store::snapshot`]; the store is closed either way.
+    pub fn close(self) -> Result<()> {
+        let result = if self.is_snapshot_worth_writing() {
+            self.snapshot()
+        } else {
+            Ok(())
+        };
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        result
+    }
+
+    pub(super) fn is_snapshot_worth_writing(&self) -> bool {
+        let grew = self.writer.lock().position().2 > 0;
+        self.commit.check().is_ok() && (grew || !matches!(self.opened.snapshot, Some(Ok(()))))
+    }
+
+    fn write_snapshot(&self, index: &Index, end: StateEnd) -> Result<()> {
+        let storage = self.options.storage.as_ref();
+        let tmp = self.dir.join(format!("{SNAPSHOT_FILE}{TMP_SUFFIX}"));
+        state_file::write(
+            storage,
+            &tmp,
+            FileKind::Snapshot,
+            0,
+            index,
+            &Values::Refs,
+            end,
+        )?;
+        let path = self.dir.join(SNAPSHOT_FILE);
+        storage
+            .rename(&tmp, &path)
+            .map_err(|e| Error::io("rename", &tmp, e))?;
+        self.sync_dir()
+    }
+
+    fn remove_snapshot(&self) -> Result<()> {
+        let path = self.dir.join(SNAPSHOT_FILE);
+        match self.options.storage.remove_file(&path) {
+            Ok(()) => self.sync_dir(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::io("remove", path, e)),
+        }
+    }
+
+    fn sync_dir(&self) -> Result<()> {
+        self.options
+            .storage
+            .sync_dir(&self.dir)
+            .map_err(|e| Error::io("sync directory", &self.dir, e))
+    }
+
+    pub(super) fn ttls(&self) -> Ttls {
+        Ttls::new(
+            self.options.seen_ttl,
+            self.options.batch_ttl,
+            self.options.tombstone_ttl,
+        )
+    }
+}
+
+impl Drop for Store {
+    /// A clean close writes a snapshot (see [`Store::close`]); errors are
+    /// ignored here, because the snapshot only saves time at the next open.
+    fn drop(&mut self) {
+        if !self.closed.load(std::sync::atomic::Ordering::SeqCst)
+            && self.is_snapshot_worth_writing()
+        {
+            let _ = self.snapshot();
+        }
+    }
+}

@@ -1,0 +1,343 @@
+//! Compaction and snapshots: the logical state never changes, the disk and
+//! memory shrink, and `open` loads a trustworthy snapshot and rejects any
+//! other.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idemkv::{Batch, Durability, ManualClock, Options, Store};
+
+const HOUR: Duration = Duration::from_secs(3600);
+const T0_MS: u64 = 1_700_000_000_000;
+
+fn options(clock: &ManualClock) -> Options {
+    Options::default()
+        .durability(Durability::Buffered)
+        .clock(Arc::new(clock.clone()))
+        .seen_ttl(Some(HOUR))
+        .batch_ttl(Some(HOUR))
+        .tombstone_ttl(Some(2 * HOUR))
+        .segment_bytes_max(16 * 1024)
+}
+
+/// Everything a caller can observe, so two stores can be compared whole.
+#[derive(Debug, PartialEq)]
+struct Observed {
+    digest: String,
+    rows: Vec<(Vec<u8>, u64, Vec<u8>)>,
+    checkpoints: Vec<(Vec<u8>, Vec<u8>)>,
+    quarantine: usize,
+}
+
+fn observe(store: &Store) -> Observed {
+    Observed {
+        digest: store.digest().unwrap().to_string(),
+        rows: store
+            .scan_prefix(b"")
+            .map(|r| {
+                let (k, rec) = r.unwrap();
+                (k.to_vec(), rec.seq, rec.value.to_vec())
+            })
+            .collect(),
+        checkpoints: store
+            .checkpoints()
+            .into_iter()
+            .map(|(s, p)| (s.to_vec(), p.to_vec()))
+            .collect(),
+        quarantine: store.quarantine().len(),
+    }
+}
+
+/// Batch `i` of a workload that overwrites a small key space, so most of
+/// the log becomes garbage.
+fn batch(i: u64) -> Batch {
+    let mut b = Batch::new(format!("B{i:05}"));
+    for j in 0..20u64 {
+        let n = i * 20 + j;
+        b = b.put(
+            format!("e{n}"),
+            format!("k{:03}", n % 150),
+            n,
+            format!("value {n} {}", "x".repeat(40)),
+        );
+    }
+    b.delete(
+        format!("d{i}"),
+        format!("k{:03}", (i * 7) % 150),
+        i * 20 + 19,
+    )
+    .delete(format!("t{i}"), format!("t{:03}", i % 40), i)
+    .add(format!("a{i}"), "counter", i, 1)
+    .checkpoint("src", (i + 1).to_be_bytes())
+}
+
+fn segment_files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".seg"))
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn compaction_keeps_the_state_and_shrinks_the_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0_MS);
+    let store = Store::open(dir.path(), options(&clock)).unwrap();
+    for i in 0..300 {
+        store.apply_batch(&batch(i)).unwrap();
+    }
+    let before = observe(&store);
+    let segments_before = segment_files(dir.path()).len();
+    assert!(segments_before > 10, "{segments_before} segments");
+
+    let report = store.compact().unwrap();
+    assert_eq!(observe(&store), before);
+    assert!(report.bytes_after * 2 < report.bytes_before, "{report:?}");
+    assert_eq!(report.segments_replaced as usize, segments_before);
+    assert_eq!(
+        segment_files(dir.path()).len(),
+        2,
+        "the base and the new active segment"
+    );
+    assert!(store.verify().is_ok());
+    // Replays and duplicates are still recognised.
+    assert!(store.apply_batch(&batch(299)).unwrap().replayed);
+    let mut redelivery = Batch::new("redelivery of B00299");
+    for d in batch(299).deliveries() {
+        redelivery.push_delivery(d.clone());
+    }
+    assert_eq!(store.apply_batch(&redelivery).unwrap().duplicates, 23);
+
+    drop(store);
+    let store = Store::open(dir.path(), options(&clock)).unwrap();
+    assert_eq!(observe(&store).rows, before.rows);
+}
+
+#[test]
+fn compaction_drops_what_expired_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0_MS);
+    let store = Store::open(dir.path(), options(&clock)).unwrap();
+    for i in 0..50 {
+        store.apply_batch(&batch(i)).unwrap();
+    }
+    clock.advance(3 * HOUR);
+    for i in 50..60 {
+        store.apply_batch(&batch(i)).unwrap();
+    }
+    let before = observe(&store);
+    let stats_before = store.stats();
+    let report = store.compact().unwrap();
+    assert_eq!(report.batch_ids_dropped, 50, "{report:?}");
+    assert_eq!(report.seen_ids_dropped, 50 * 23, "{report:?}");
+    assert_eq!(
+        report.tombstones_dropped, 30,
+        "all tombstones but t010..t019 were last written before the clock moved"
+    );
+    let stats = store.stats();
+    assert_eq!(stats.seen_ids, stats_before.seen_ids - 50 * 23);
+    assert_eq!(stats.tombstones, stats_before.tombstones - 30);
+    assert_eq!(stats.batches, 10);
+    assert_eq!(observe(&store), before);
+
+    // Expired deltas stay protected: a late redelivery is too_late.
+    let late = store
+        .apply_batch(&Batch::new("late").add("a3", "counter", 3, 1))
+        .unwrap();
+    assert_eq!(late.rejected, 1);
+    drop(store);
+    let store = Store::open(dir.path(), options(&clock)).unwrap();
+    assert_eq!(store.stats().batches, 11);
+    assert_eq!(observe(&store).digest, before.digest);
+}
+
+#[test]
+fn writers_and_readers_go_on_while_compaction_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0_MS);
+    let store = Store::open(dir.path(), options(&clock)).unwrap();
+    let reference_dir = tempfile::tempdir().unwrap();
+    let reference = Store::open(reference_dir.path(), options(&clock)).unwrap();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let is_done = || done.load(std::sync::atomic::Ordering::SeqCst);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 0..400 {
+                store.apply_batch(&batch(i)).unwrap();
+            }
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+        });
+        s.spawn(|| {
+            while !is_done() {
+                let rows: BTreeMap<_, _> = store.scan_prefix(b"k").map(|r| r.unwrap()).collect();
+                for (k, rec) in rows {
+                    // Versions never go back; the key may have been deleted since.
+                    if let Some(now) = store.get(&k).unwrap() {
+                        assert!(now.seq >= rec.seq, "{k:?}: {} after {}", now.seq, rec.seq);
+                    }
+                }
+            }
+        });
+        let mut pauses = Vec::new();
+        while !is_done() {
+            pauses.push(store.compact().unwrap().pause);
+        }
+        assert!(!pauses.is_empty());
+    });
+    for i in 0..400 {
+        reference.apply_batch(&batch(i)).unwrap();
+    }
+    assert_eq!(observe(&store), observe(&reference));
+    drop(store);
+    let store = Store::open(dir.path(), options(&clock)).unwrap();
+    assert_eq!(observe(&store), observe(&reference));
+}
+
+#[test]
+fn a_clean_close_lets_open_load_the_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0_MS);
+    let store = Store::open(dir.path(), options(&clock)).unwrap();
+    for i in 0..100 {
+        store.apply_batch(&batch(i)).unwrap();
+    }
+    let before = observe(&store);
+    store.close().unwrap();
+
+    let store = Store::open(dir.path(), options(&clock)).unwrap();
+    let stats = store.stats();
+    assert!(stats.opened_from_snapshot, "{stats:?}");
+    assert_eq!(stats.records_replayed_at_open, 0);
+    assert_eq!(observe(&store), before);
+    // The snapshot carries seen ids, batch ids and add marks, not just rows.
+    assert_eq!(
+        store.apply_batch(&batch(50)).map(|r| r.replayed).ok(),
+        Some(true)
+    );
+    let r = store
+        .apply_batch(&Batch::new("again").put(
+            "e5",
+            "k005",
+            5,
+            format!("value 5 {}", "x".repeat(40)),
+        ))
+        .unwrap();
+    assert_eq!(r.duplicates, 1);
+
+    // Batches after the snapshot are replayed on top of it.
+    for i in 100..110 {
+        store.apply_batch(&batch(i)).unwrap();
+    }
+    let after = observe(&store);
+    let copy = tempfile::tempdir().unwrap();
+    copy_dir(dir.path(), copy.path());
+    drop(store);
+    let crashed = Store::open(copy.path(), options(&clock)).unwrap();
+    let stats = crashed.stats();
+    assert!(stats.opened_from_snapshot, "{stats:?}");
+    assert!(stats.records_replayed_at_open >= 10, "{stats:?}");
+    assert_eq!(observe(&crashed), after);
+}
+
+/// Copies a store directory as a crash would leave it (without the lock holder's snapshot).
+fn copy_dir(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_file() {
+            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_damaged_or_stale_snapshot_is_never_trusted() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0_MS);
+    let store = Store::open(dir.path(), options(&clock)).unwrap();
+    for i in 0..60 {
+        store.apply_batch(&batch(i)).unwrap();
+    }
+    let expected = observe(&store);
+    store.close().unwrap();
+    let snapshot = dir.path().join("SNAPSHOT");
+    let good = std::fs::read(&snapshot).unwrap();
+
+    let damages: Vec<(&str, Vec<u8>)> = vec![
+        ("flipped byte", {
+            let mut b = good.clone();
+            let at = b.len() / 2;
+            b[at] ^= 0x40;
+            b
+        }),
+        ("torn", good[..good.len() - 7].to_vec()),
+        ("empty", Vec::new()),
+        ("header only", good[..32].to_vec()),
+    ];
+    for (what, bytes) in damages {
+        std::fs::write(&snapshot, &bytes).unwrap();
+        let store = Store::open(dir.path(), options(&clock)).unwrap();
+        let stats = store.stats();
+        assert!(!stats.opened_from_snapshot, "{what}");
+        assert!(stats.snapshot_rejected.is_some(), "{what}");
+        assert_eq!(observe(&store), expected, "{what}");
+        assert!(
+            matches!(store.verify(), Err(idemkv::Error::Corruption { .. })),
+            "verify names a {what} snapshot"
+        );
+        drop(store);
+        std::fs::write(&snapshot, &good).unwrap();
+    }
+
+    // A snapshot that covers more log than there is (the log lost its tail).
+    let newest = dir.path().join(segment_files(dir.path()).last().unwrap());
+    let len = std::fs::metadata(&newest).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&newest)
+        .unwrap()
+        .set_len(len - 1)
+        .unwrap();
+    let store = Store::open(dir.path(), options(&clock)).unwrap();
+    let stats = store.stats();
+    assert!(!stats.opened_from_snapshot, "{stats:?}");
+    assert!(stats.torn_bytes_discarded > 0, "{stats:?}");
+    let reference_dir = tempfile::tempdir().unwrap();
+    let reference = Store::open(reference_dir.path(), options(&clock)).unwrap();
+    for i in 0..59 {
+        reference.apply_batch(&batch(i)).unwrap();
+    }
+    assert_eq!(
+        observe(&store),
+        observe(&reference),
+        "the torn final batch is gone"
+    );
+}
+
+#[test]
+fn a_snapshot_from_before_a_compaction_is_not_trusted() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0_MS);
+    let store = Store::open(dir.path(), options(&clock)).unwrap();
+    for i in 0..60 {
+        store.apply_batch(&batch(i)).unwrap();
+    }
+    store.close().unwrap();
+    let old_snapshot = std::fs::read(dir.path().join("SNAPSHOT")).unwrap();
+
+    let store = Store::open(dir.path(), options(&clock)).unwrap();
+    for i in 60..80 {
+        store.apply_batch(&batch(i)).unwrap();
+    }
+    store.compact().unwrap();
+    let expected = observe(&store);
+    store.close().unwrap();
+    std::fs::write(dir.path().join("SNAPSHOT"), &old_snapshot).unwrap();
+    let store = Store::open(dir.path(), options(&clock)).unwrap();
+    assert!(!store.stats().opened_from_snapshot);
+    assert_eq!(observe(&store), expected);
+}
