@@ -97,7 +97,10 @@ fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<()> {
         Command::Quarantine(args) => {
             inspect::quarantine(&open_existing(&args.store.store)?, args.json, out)
         }
-        Command::Verify(args) => maintain::verify(&open_existing(&args.store)?, out),
+        Command::Verify(args) => {
+            require_store_dir(&args.store)?;
+            maintain::verify(&args.store, out)
+        }
         Command::Compact(args) => maintain::compact(&open_existing(&args.store)?, out),
         Command::Repair(args) => {
             require_store_dir(&args.store)?;
