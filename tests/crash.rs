@@ -2,7 +2,8 @@
 //!
 //! A scripted workload (puts, deletes, adds, redelivered events, a redelivered
 //! batch, a checkpoint per batch; small segments so that the log rotates
-//! several times) runs once on a [`FaultyStorage`] to count its storage
+//! several times; snapshots, compactions and a close and reopen between
+//! batches) runs once on a [`FaultyStorage`] to count its storage
 //! operations. Then, for every operation index (every one, not a sample),
 //! the workload runs again with the process dying at that operation, and the
 //! disk a crash would leave is opened on a fresh storage. Each recovery must
@@ -112,12 +113,19 @@ struct Clean {
 
 fn clean_run(batches: &[Batch], durability: Durability) -> Clean {
     let storage = FaultyStorage::new();
-    let store = Store::open(dir(), options(&storage, durability)).expect("open");
+    let mut store = Store::open(dir(), options(&storage, durability)).expect("open");
     let mut states = vec![snap(&store)];
     let mut reports = Vec::new();
-    for b in batches {
+    for (i, b) in batches.iter().enumerate() {
         reports.push(store.apply_batch(b).expect("clean apply"));
-        states.push(snap(&store));
+        let state = snap(&store);
+        store = maintain(store, i, &storage, durability).expect("clean maintenance");
+        assert_eq!(
+            snap(&store),
+            state,
+            "maintenance after batch {i} keeps the state"
+        );
+        states.push(state);
     }
     drop(store);
     // The operations of the workload alone (reading the states above made more).
@@ -129,6 +137,48 @@ fn clean_run(batches: &[Batch], durability: Durability) -> Clean {
         reports,
         ops: storage.ops(),
     }
+}
+
+/// Work the script does between batches, besides writing them.
+#[derive(Debug, Clone, Copy)]
+enum Maintenance {
+    Snapshot,
+    Compact,
+    /// Close (which writes a snapshot) and open again.
+    Reopen,
+}
+
+/// The maintenance the script runs after batch `i`.
+fn maintenance_after(i: usize) -> &'static [Maintenance] {
+    match i {
+        3 => &[Maintenance::Snapshot],
+        7 => &[Maintenance::Compact],
+        10 => &[Maintenance::Reopen],
+        13 => &[Maintenance::Compact, Maintenance::Snapshot],
+        _ => &[],
+    }
+}
+
+/// Runs the maintenance after batch `i`; an error ends the run.
+fn maintain(
+    mut store: Store,
+    i: usize,
+    storage: &FaultyStorage,
+    durability: Durability,
+) -> Result<Store, idemkv::Error> {
+    for m in maintenance_after(i) {
+        match m {
+            Maintenance::Snapshot => store.snapshot()?,
+            Maintenance::Compact => {
+                store.compact()?;
+            }
+            Maintenance::Reopen => {
+                store.close()?;
+                store = Store::open(dir(), options(storage, durability))?;
+            }
+        }
+    }
+    Ok(store)
 }
 
 /// How far a run that may die got: batches acknowledged, batches attempted.
@@ -148,15 +198,19 @@ fn run_until_failure(
         acked: 0,
         attempted: 0,
     };
-    let Ok(store) = Store::open(dir(), options(storage, durability)) else {
+    let Ok(mut store) = Store::open(dir(), options(storage, durability)) else {
         return progress;
     };
-    for b in batches {
+    for (i, b) in batches.iter().enumerate() {
         progress.attempted += 1;
         if store.apply_batch(b).is_err() {
             break;
         }
         progress.acked += 1;
+        match maintain(store, i, storage, durability) {
+            Ok(s) => store = s,
+            Err(_) => break,
+        }
     }
     progress
 }
@@ -257,6 +311,11 @@ fn power_loss_at_every_operation_recovers_a_committed_prefix() {
         rotations >= 4,
         "the workload rotates segments ({rotations} dir syncs)"
     );
+    // Snapshots and compactions switch files by rename and remove the old ones.
+    for kind in [OpKind::Rename, OpKind::Remove] {
+        let n = clean.ops.iter().filter(|o| o.kind == kind).count();
+        assert!(n >= 2, "the workload makes {n} {kind:?} operations");
+    }
 
     let mut prefixes_seen = vec![0usize; batches.len() + 1];
     for n in 0..op_count {
