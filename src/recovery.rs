@@ -270,7 +270,7 @@ fn replay(
                 let batch = decode_batch(record.body)
                     .map_err(|e| Problem::at(id, at_body(e.offset), e.what))?;
                 index
-                    .apply_record(&batch, id, record.body_at)
+                    .apply_record(&batch, id, record.body_at, None)
                     .map_err(|reason| Problem::at(id, u64::from(record.offset), reason))?;
             }
             (FileKind::Base, k) if k != KIND_BATCH => loader

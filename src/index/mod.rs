@@ -73,7 +73,10 @@ impl Index {
             .filter(|e| !is_expired(e.committed_ms, self.ttls.batch_ms, now_ms))
     }
 
-    /// Applies one committed batch record whose body starts at `body_at` in `segment`.
+    /// Applies one committed batch record whose body starts at `body_at` in
+    /// `segment`. `under` is the index this one shadows, if any (the pending
+    /// batches' effects shadow the published index): a version bump finds
+    /// the unchanged value there.
     ///
     /// Fails only if the record contradicts the index (a bump of a key with
     /// no live row, a commit time going back), which recovery reports as
@@ -85,6 +88,7 @@ impl Index {
         record: &BatchRecord<'_>,
         segment: u32,
         body_at: u32,
+        under: Option<&Index>,
     ) -> Result<(), &'static str> {
         let now_ms = record.committed_ms;
         if now_ms < self.log_time_ms {
@@ -109,6 +113,7 @@ impl Index {
                 WriteView::Bump => self
                     .keys
                     .get(w.key)
+                    .or_else(|| under.and_then(|u| u.keys.get(w.key)))
                     .and_then(|e| e.value())
                     .map(KeyState::Live)
                     .ok_or("version bump of a key with no live row")?,

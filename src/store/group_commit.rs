@@ -1,9 +1,12 @@
 //! Group commit: callers that wrote records wait until a sync covers them;
-//! one of them runs the sync for all, with no other lock held meanwhile.
+//! one of them runs the sync for all, with no other lock held meanwhile,
+//! then publishes what it covered and wakes the others.
 //!
 //! Positions are log sequence numbers (bytes appended since open). A sync of
 //! the newest segment makes everything written before it durable, because
-//! older segments were synced when they were sealed.
+//! older segments were synced when they were sealed. `durable` only moves
+//! once what it covers is published, so a caller that returns can read its
+//! own batch.
 //!
 //! After a failed write or sync the store is poisoned: a failed fsync may have
 //! dropped dirty pages, so it is never retried and nothing is assumed durable.
@@ -41,7 +44,7 @@ impl GroupCommit {
         s.file = Some(Arc::clone(file));
     }
 
-    /// Notes that everything before `lsn` is durable (a segment was sealed).
+    /// Notes that everything before `lsn` is durable and published.
     pub(crate) fn durable(&self, lsn: u64) {
         let mut s = self.state.lock();
         s.durable = s.durable.max(lsn);
@@ -70,8 +73,10 @@ impl GroupCommit {
         }
     }
 
-    /// Returns once everything before `lsn` is durable, syncing if no one else is.
-    pub(crate) fn wait_durable(&self, lsn: u64) -> Result<()> {
+    /// Returns once everything before `lsn` is durable and published,
+    /// syncing if no one else is; after a sync, `publish` is called with the
+    /// position it covered.
+    pub(crate) fn wait_durable(&self, lsn: u64, publish: &dyn Fn(u64)) -> Result<()> {
         let mut s = self.state.lock();
         loop {
             if let Some(reason) = &s.poisoned {
@@ -93,7 +98,13 @@ impl GroupCommit {
                     .expect("a position was written before anyone waits for it"),
             );
             s.is_syncing = true;
-            let synced = parking_lot::MutexGuard::unlocked(&mut s, || file.sync_data());
+            let synced = parking_lot::MutexGuard::unlocked(&mut s, || {
+                let synced = file.sync_data();
+                if synced.is_ok() {
+                    publish(target);
+                }
+                synced
+            });
             s.is_syncing = false;
             match synced {
                 Ok(()) => s.durable = s.durable.max(target),

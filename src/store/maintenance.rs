@@ -39,13 +39,16 @@ impl Store {
         // Cut: seal the active segment; everything before it is compacted.
         let cut_started = Instant::now();
         let (cut, now_ms) = {
-            let mut writer = self.writer.lock();
+            let mut guard = self.writer.lock();
+            let writer = &mut *guard;
             self.commit.check()?;
             let file = writer
+                .log
                 .rotate()
                 .inspect_err(|e| self.commit.poison(format!("segment rotation failed: {e}")))?;
-            let (cut, _, lsn) = writer.position();
-            self.commit.durable(lsn);
+            let (cut, _, lsn) = writer.log.position();
+            // Sealing synced everything before the cut: no batch below it stays pending.
+            self.publish_locked(writer, lsn);
             self.commit.written(lsn, &file);
             let path = self.dir.join(segment_file_name(cut));
             let map = file
@@ -144,15 +147,17 @@ impl Store {
     /// `Io` or `Poisoned` when the disk fails.
     pub fn snapshot(&self) -> Result<()> {
         let _maintenance = self.maintenance.lock();
-        let writer = self.writer.lock();
+        let mut guard = self.writer.lock();
+        let writer = &mut *guard;
         self.commit.check()?;
-        // The snapshot may only cover what is durable.
-        let (segment, offset, _) = writer.position();
+        // The snapshot may only cover what is durable and published.
+        let (segment, offset, lsn) = writer.log.position();
         let path = self.dir.join(segment_file_name(segment));
-        writer.active_file().sync_data().map_err(|e| {
+        writer.log.active_file().sync_data().map_err(|e| {
             self.commit.poison(format!("sync failed: {e}"));
             Error::io("sync", path, e)
         })?;
+        self.publish_locked(writer, lsn);
         let first_segment = self.maps.first_id().unwrap_or(segment);
         let index = self.index.read();
         let end = StateEnd {
@@ -180,7 +185,7 @@ impl Store {
     }
 
     pub(super) fn is_snapshot_worth_writing(&self) -> bool {
-        let grew = self.writer.lock().position().2 > 0;
+        let grew = self.writer.lock().log.position().2 > 0;
         self.commit.check().is_ok() && (grew || !matches!(self.opened.snapshot, Some(Ok(()))))
     }
 

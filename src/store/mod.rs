@@ -2,13 +2,20 @@
 //! and the locking between writers and readers; every other layer is reached
 //! through it.
 //!
-//! Locks, always taken in this order: `writer` (serialises `apply_batch`),
-//! then `index` (read while planning, write only to apply a written record).
-//! Syncs run under neither (see `group_commit`), so readers never wait for
-//! the disk.
+//! Locks, always taken in this order: `maintenance` (compaction, snapshots,
+//! verify), `writer` (serialises `apply_batch`; holds the log writer and the
+//! pending batches), then `index` (read while planning, written only to
+//! publish records). Commit syncs run under none of them (see
+//! `group_commit`), so readers never wait for the disk; a segment rotation
+//! syncs under the writer lock.
+//!
+//! Visibility: under `Durability::Sync` a batch is published to the index,
+//! and so to readers, only after a sync covers it (see `pending`); under
+//! `Durability::Buffered` as soon as it is written.
 
 mod group_commit;
 mod maintenance;
+mod pending;
 mod types;
 mod write;
 
@@ -46,7 +53,7 @@ pub struct Store {
     options: Options,
     index: RwLock<Index>,
     maps: SegmentMaps,
-    writer: Mutex<LogWriter>,
+    writer: Mutex<Writer>,
     commit: GroupCommit,
     /// Serialises compaction, snapshots and verify.
     maintenance: Mutex<()>,
@@ -63,6 +70,14 @@ impl fmt::Debug for Store {
             .field("dir", &self.dir)
             .finish_non_exhaustive()
     }
+}
+
+/// What the writer lock guards: the log's append side and the batches
+/// written but not yet published.
+#[derive(Debug)]
+struct Writer {
+    log: LogWriter,
+    pending: pending::Pending,
 }
 
 /// What `open` did, for `stats`.
@@ -140,7 +155,7 @@ impl Store {
             maps.insert(s.id, Arc::clone(&s.file), map);
         }
         let active = walk.segments.pop().expect("at least one segment");
-        let writer = LogWriter::new(
+        let log = LogWriter::new(
             dir.clone(),
             Arc::clone(&storage),
             options.segment_bytes_max,
@@ -153,7 +168,10 @@ impl Store {
             options,
             index: RwLock::new(recovered.index),
             maps,
-            writer: Mutex::new(writer),
+            writer: Mutex::new(Writer {
+                log,
+                pending: pending::Pending::new(ttls),
+            }),
             commit: GroupCommit::default(),
             maintenance: Mutex::new(()),
             closed: AtomicBool::new(false),
@@ -374,18 +392,25 @@ impl Iterator for Scan {
     }
 }
 
-/// The committed state as the planner reads it at `now_ms`. Caller holds the index lock.
+/// The committed state as the planner reads it at `now_ms`: the published
+/// index, shadowed by the pending batches' effects. Caller holds the writer
+/// lock and the index read lock.
 struct PlanView<'a> {
     index: &'a Index,
+    pending: &'a Index,
     maps: &'a SegmentMaps,
     now_ms: u64,
 }
 
 impl StateView for PlanView<'_> {
     fn key(&self, key: &[u8]) -> Option<KeyEntry> {
-        self.index.key_at(key, self.now_ms)
+        match self.pending.keys.get(key) {
+            Some(_) => self.pending.key_at(key, self.now_ms),
+            None => self.index.key_at(key, self.now_ms),
+        }
     }
 
+    /// Pending `Add`s are too recent to have expired: the published marks decide.
     fn add_floor(&self, key: &[u8]) -> Option<u64> {
         self.index.add_marks.floor(key, self.now_ms)
     }
@@ -395,6 +420,9 @@ impl StateView for PlanView<'_> {
     }
 
     fn seen(&self, id_hash: u128) -> Option<u64> {
-        self.index.seen.get_live(id_hash, self.now_ms)
+        match self.pending.seen.get(id_hash) {
+            Some(_) => self.pending.seen.get_live(id_hash, self.now_ms),
+            None => self.index.seen.get_live(id_hash, self.now_ms),
+        }
     }
 }

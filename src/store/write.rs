@@ -78,14 +78,25 @@ impl Store {
     pub fn apply_batch(&self, batch: &Batch) -> Result<BatchReport> {
         validate(batch)?;
         let (content_hash, hashes) = hash_batch(batch);
-        let mut writer = self.writer.lock();
+        let mut guard = self.writer.lock();
+        let writer = &mut *guard;
         self.commit.check()?;
 
         let (planned, committed_ms) = {
             let index = self.index.read();
+            let pending = &writer.pending.delta;
             // The log's clock never goes back, whatever the clock says.
-            let now_ms = self.options.clock.now_ms().max(index.log_time_ms);
-            if let Some(committed) = index.batch_at(batch.id(), now_ms) {
+            let now_ms = self
+                .options
+                .clock
+                .now_ms()
+                .max(index.log_time_ms)
+                .max(pending.log_time_ms);
+            let committed = match pending.batches.get(batch.id()) {
+                Some(_) => pending.batch_at(batch.id(), now_ms),
+                None => index.batch_at(batch.id(), now_ms),
+            };
+            if let Some(committed) = committed {
                 if committed.content_hash != content_hash {
                     return Err(Error::BatchConflict {
                         batch_id: display_id(batch.id()),
@@ -98,7 +109,7 @@ impl Store {
                 drop(index);
                 // The original may still be waiting for its sync.
                 let lsn = self.commit.written_lsn();
-                drop(writer);
+                drop(guard);
                 self.wait_durable(lsn)?;
                 return Ok(report);
             }
@@ -108,13 +119,14 @@ impl Store {
             };
             let view = PlanView {
                 index: &index,
+                pending,
                 maps: &self.maps,
                 now_ms,
             };
             (plan(batch, &hashes, &view, options)?, now_ms)
         };
 
-        let mut buf = writer.begin();
+        let mut buf = writer.log.begin();
         record::encode_batch_head(
             &mut buf,
             batch.id(),
@@ -151,10 +163,12 @@ impl Store {
         }
 
         let placed = writer
+            .log
             .place(&mut buf, KIND_BATCH)
             .inspect_err(|e| self.commit.poison(format!("segment rotation failed: {e}")))?;
         if let Some(file) = &placed.new_segment {
-            self.commit.durable(placed.lsn_start);
+            // Sealing the old segment synced everything before this record.
+            self.publish_locked(writer, placed.lsn_start);
             let path = self.dir.join(segment_file_name(placed.segment));
             let map = file
                 .map(self.maps_reserve())
@@ -169,16 +183,31 @@ impl Store {
             invalid_batch(batch, format!("encoded record fails to decode: {}", e.what))
         })?;
         let lsn_end = writer
+            .log
             .write(&buf, &placed)
             .inspect_err(|e| self.commit.poison(format!("append failed: {e}")))?;
-        self.index
-            .write()
-            .apply_record(&written, placed.segment, placed.body_at)
-            .expect("a planned record applies to the index it was planned against");
-        self.commit.written(lsn_end, writer.active_file());
+        match self.options.durability {
+            Durability::Buffered => self
+                .index
+                .write()
+                .apply_record(&written, placed.segment, placed.body_at, None)
+                .expect("a planned record applies to the index it was planned against"),
+            Durability::Sync => {
+                let index = self.index.read();
+                writer.pending.push(
+                    &written,
+                    body,
+                    placed.segment,
+                    placed.body_at,
+                    lsn_end,
+                    &index,
+                );
+            }
+        }
+        self.commit.written(lsn_end, writer.log.active_file());
         drop(written);
-        writer.finish(buf);
-        drop(writer);
+        writer.log.finish(buf);
+        drop(guard);
 
         self.wait_durable(lsn_end)?;
         Ok(planned.report)
@@ -186,9 +215,25 @@ impl Store {
 
     fn wait_durable(&self, lsn: u64) -> Result<()> {
         match self.options.durability {
-            Durability::Sync => self.commit.wait_durable(lsn),
+            Durability::Sync => self
+                .commit
+                .wait_durable(lsn, &|target| self.publish(target)),
             Durability::Buffered => Ok(()),
         }
+    }
+
+    /// Publishes the pending batches up to `lsn` (now durable).
+    fn publish(&self, lsn: u64) {
+        let mut writer = self.writer.lock();
+        self.publish_locked(&mut writer, lsn);
+    }
+
+    /// As `publish`, for a caller that holds the writer lock; also notes `lsn` as durable.
+    pub(super) fn publish_locked(&self, writer: &mut super::Writer, lsn: u64) {
+        if !writer.pending.is_empty() {
+            writer.pending.publish(lsn, &mut self.index.write());
+        }
+        self.commit.durable(lsn);
     }
 
     pub(super) fn maps_reserve(&self) -> u64 {
