@@ -549,10 +549,7 @@ pub(crate) fn repair(storage: &dyn Storage, dir: &Path, now_ms: u64) -> Result<R
         return Ok(report);
     };
     report.first_bad = Some((u64::from(problem.segment), problem.offset));
-    let lost = dir.join(LOST_FOUND_DIR).join(now_ms.to_string());
-    storage
-        .create_dir_all(&lost)
-        .map_err(|e| Error::io("create directory", &lost, e))?;
+    let lost = fresh_lost_found(storage, dir, now_ms)?;
     report.lost_found = Some(lost.clone());
 
     // The segment holding the problem keeps its valid prefix, if it has one:
@@ -560,39 +557,31 @@ pub(crate) fn repair(storage: &dyn Storage, dir: &Path, now_ms: u64) -> Result<R
     let is_base = kinds
         .iter()
         .any(|&(id, k)| id == problem.segment && k == Ok(FileKind::Base));
-    let cut_segment = walk.segments.iter().find(|s| s.id == problem.segment);
-    let mut first_dropped = problem.segment;
-    if let Some(s) = cut_segment.filter(|_| !is_base && problem.offset >= SEGMENT_HEADER_LEN as u64)
-    {
-        let path = dir.join(segment_file_name(s.id));
-        let map = s.file.map(0).map_err(|e| Error::io("map", &path, e))?;
-        let tail = map.get(problem.offset as usize..).unwrap_or_default();
-        let tail_path = lost.join(format!(
-            "{}.{}.tail",
-            segment_file_name(s.id),
-            problem.offset
-        ));
-        write_new_file(storage, &tail_path, tail)?;
-        report.bytes_dropped += tail.len() as u64;
-        // The walk opened segments before the newest read-only.
-        let file = storage
-            .open(&path, OpenMode::Append)
-            .map_err(|e| Error::io("open", &path, e))?;
-        file.set_len(problem.offset)
-            .map_err(|e| Error::io("truncate", &path, e))?;
-        file.sync_data().map_err(|e| Error::io("sync", &path, e))?;
-        first_dropped = s.id.saturating_add(1);
-    }
-    let mut moved: Vec<String> = all_ids
+    let cut = walk
+        .segments
         .iter()
-        .filter(|&&id| id >= first_dropped)
-        .map(|&id| segment_file_name(id))
-        .collect();
-    report.segments_dropped = moved.len() as u64;
+        .find(|s| s.id == problem.segment)
+        .filter(|_| !is_base && problem.offset >= SEGMENT_HEADER_LEN as u64);
+    let first_dropped = match cut {
+        Some(s) => s.id.saturating_add(1),
+        None => problem.segment,
+    };
+
+    // Order matters for a crash in the middle: the snapshot goes first (it
+    // may cover what is dropped), then whole segments from the newest down,
+    // so that what remains is always a prefix of the log; the cut comes last.
     let names = storage
         .list_dir(dir)
         .map_err(|e| Error::io("list", dir, e))?;
-    moved.extend(names.into_iter().filter(|n| n == SNAPSHOT_FILE));
+    let mut moved: Vec<String> = names.into_iter().filter(|n| n == SNAPSHOT_FILE).collect();
+    moved.extend(
+        all_ids
+            .iter()
+            .rev()
+            .filter(|&&id| id >= first_dropped)
+            .map(|&id| segment_file_name(id)),
+    );
+    report.segments_dropped = all_ids.iter().filter(|&&id| id >= first_dropped).count() as u64;
     for name in moved {
         let from = dir.join(&name);
         let file = storage
@@ -602,14 +591,69 @@ pub(crate) fn repair(storage: &dyn Storage, dir: &Path, now_ms: u64) -> Result<R
         storage
             .rename(&from, &lost.join(&name))
             .map_err(|e| Error::io("rename", &from, e))?;
+        storage
+            .sync_dir(dir)
+            .map_err(|e| Error::io("sync directory", dir, e))?;
+    }
+    if let Some(s) = cut {
+        let path = dir.join(segment_file_name(s.id));
+        let map = s.file.map(0).map_err(|e| Error::io("map", &path, e))?;
+        let tail = map.get(problem.offset as usize..).unwrap_or_default();
+        let tail_path = lost.join(format!(
+            "{}.{}.tail",
+            segment_file_name(s.id),
+            problem.offset
+        ));
+        write_new_file(storage, &tail_path, tail)?;
+        // The copy is durable, name included, before the original is cut.
+        storage
+            .sync_dir(&lost)
+            .map_err(|e| Error::io("sync directory", &lost, e))?;
+        report.bytes_dropped += tail.len() as u64;
+        // The walk opened segments before the newest read-only.
+        let file = storage
+            .open(&path, OpenMode::Append)
+            .map_err(|e| Error::io("open", &path, e))?;
+        file.set_len(problem.offset)
+            .map_err(|e| Error::io("truncate", &path, e))?;
+        file.sync_data().map_err(|e| Error::io("sync", &path, e))?;
     }
     storage
         .sync_dir(&lost)
         .map_err(|e| Error::io("sync directory", &lost, e))?;
-    storage
-        .sync_dir(dir)
-        .map_err(|e| Error::io("sync directory", dir, e))?;
     Ok(report)
+}
+
+/// A new, empty directory under `lost+found/` for one repair, named by the
+/// repair's time (with a suffix if an earlier repair used that time).
+fn fresh_lost_found(storage: &dyn Storage, dir: &Path, now_ms: u64) -> Result<PathBuf> {
+    let root = dir.join(LOST_FOUND_DIR);
+    for attempt in 0u32.. {
+        let name = if attempt == 0 {
+            now_ms.to_string()
+        } else {
+            format!("{now_ms}-{attempt}")
+        };
+        let candidate = root.join(name);
+        let is_free = match storage.list_dir(&candidate) {
+            Ok(entries) => entries.is_empty(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+            Err(e) => return Err(Error::io("list", &candidate, e)),
+        };
+        if is_free {
+            storage
+                .create_dir_all(&candidate)
+                .map_err(|e| Error::io("create directory", &candidate, e))?;
+            storage
+                .sync_dir(&root)
+                .map_err(|e| Error::io("sync directory", &root, e))?;
+            storage
+                .sync_dir(dir)
+                .map_err(|e| Error::io("sync directory", dir, e))?;
+            return Ok(candidate);
+        }
+    }
+    unreachable!("some suffix is free")
 }
 
 fn write_new_file(storage: &dyn Storage, path: &PathBuf, bytes: &[u8]) -> Result<()> {

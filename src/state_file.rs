@@ -89,7 +89,8 @@ impl StateWriter<'_> {
             )
         })?;
         let (header, body) = self.record.split_at_mut(FRAME_HEADER_LEN);
-        encode_frame(header, self.kind, body, self.segment_id, offset);
+        // A state file is synced whole before it is used: no record relies on `synced_to`.
+        encode_frame(header, self.kind, body, self.segment_id, offset, 0);
         self.file
             .append(&self.record)
             .map_err(|e| Error::io("append", self.path, e))?;

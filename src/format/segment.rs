@@ -20,7 +20,7 @@ pub(crate) const SEGMENT_HEADER_LEN: usize = PAD_AT + 4;
 const _: () = assert!(SEGMENT_HEADER_LEN == 32);
 
 // Record frame header: header crc u32 | kind u8 | reserved [u8; 3] (zero) |
-// body length u32 | body crc u32 | segment id u32 | offset u32.
+// body length u32 | body crc u32 | segment id u32 | offset u32 | synced to u32.
 const FRAME_CRC_AT: usize = 0;
 const KIND_AT: usize = FRAME_CRC_AT + 4;
 const FRAME_RESERVED_AT: usize = KIND_AT + 1;
@@ -28,9 +28,10 @@ const BODY_LEN_AT: usize = FRAME_RESERVED_AT + 3;
 const BODY_CRC_AT: usize = BODY_LEN_AT + 4;
 const FRAME_SEGMENT_AT: usize = BODY_CRC_AT + 4;
 const FRAME_OFFSET_AT: usize = FRAME_SEGMENT_AT + 4;
+const SYNCED_TO_AT: usize = FRAME_OFFSET_AT + 4;
 /// Bytes of a record frame header; the body follows.
-pub(crate) const FRAME_HEADER_LEN: usize = FRAME_OFFSET_AT + 4;
-const _: () = assert!(FRAME_HEADER_LEN == 24);
+pub(crate) const FRAME_HEADER_LEN: usize = SYNCED_TO_AT + 4;
+const _: () = assert!(FRAME_HEADER_LEN == 28);
 
 fn u32_at(buf: &[u8], at: usize) -> u32 {
     let bytes: [u8; 4] = buf
@@ -113,12 +114,29 @@ pub(crate) struct Frame {
     pub body_crc: u32,
     pub segment_id: u32,
     pub offset: u32,
+    /// When this record was written, its segment was known to be synced up
+    /// to this offset. Recovery uses it to tell unsynced, possibly reordered
+    /// writes from damage to synced data.
+    pub synced_to: u32,
 }
 
 /// Writes a frame header for `body` into `out` (exactly `FRAME_HEADER_LEN` bytes).
+/// `synced_to` never exceeds `offset`: only what precedes a record can have
+/// been synced when it is written.
 #[expect(clippy::indexing_slicing, reason = "the length is asserted on entry")]
-pub(crate) fn encode_frame(out: &mut [u8], kind: u8, body: &[u8], segment_id: u32, offset: u32) {
+pub(crate) fn encode_frame(
+    out: &mut [u8],
+    kind: u8,
+    body: &[u8],
+    segment_id: u32,
+    offset: u32,
+    synced_to: u32,
+) {
     assert_eq!(out.len(), FRAME_HEADER_LEN, "frame header buffer size");
+    assert!(
+        synced_to <= offset,
+        "synced to {synced_to}, past the record at {offset}"
+    );
     let body_len = u32::try_from(body.len()).expect("record body fits in u32 (checked by caller)");
     out.fill(0);
     out[KIND_AT] = kind;
@@ -126,6 +144,7 @@ pub(crate) fn encode_frame(out: &mut [u8], kind: u8, body: &[u8], segment_id: u3
     put_u32_at(out, BODY_CRC_AT, crc32fast::hash(body));
     put_u32_at(out, FRAME_SEGMENT_AT, segment_id);
     put_u32_at(out, FRAME_OFFSET_AT, offset);
+    put_u32_at(out, SYNCED_TO_AT, synced_to);
     let crc = crc32fast::hash(&out[KIND_AT..]);
     put_u32_at(out, FRAME_CRC_AT, crc);
 }
@@ -142,7 +161,7 @@ pub(crate) fn decode_frame(buf: &[u8], segment_id: u32, offset: u32) -> Option<F
     if crc32fast::hash(h.get(KIND_AT..)?) != u32_at(h, FRAME_CRC_AT) {
         return None;
     }
-    if h.get(FRAME_RESERVED_AT..BODY_LEN_AT)? != [0, 0, 0] {
+    if h.get(FRAME_RESERVED_AT..BODY_LEN_AT)? != [0, 0, 0] || u32_at(h, SYNCED_TO_AT) > offset {
         return None;
     }
     Some(Frame {
@@ -151,6 +170,7 @@ pub(crate) fn decode_frame(buf: &[u8], segment_id: u32, offset: u32) -> Option<F
         body_crc: u32_at(h, BODY_CRC_AT),
         segment_id,
         offset,
+        synced_to: u32_at(h, SYNCED_TO_AT),
     })
 }
 
@@ -173,11 +193,11 @@ mod tests {
     #[test]
     fn frame_round_trips_and_rejects_any_flipped_byte() {
         let mut h = [0u8; FRAME_HEADER_LEN];
-        encode_frame(&mut h, 1, b"body", 3, 96);
+        encode_frame(&mut h, 1, b"body", 3, 96, 64);
         let f = decode_frame(&h, 3, 96).unwrap();
         assert_eq!(
-            (f.kind, f.body_len, f.body_crc),
-            (1, 4, crc32fast::hash(b"body"))
+            (f.kind, f.body_len, f.body_crc, f.synced_to),
+            (1, 4, crc32fast::hash(b"body"), 64)
         );
         assert!(decode_frame(&h, 3, 97).is_none());
         for i in 0..FRAME_HEADER_LEN {

@@ -6,12 +6,16 @@
 //! | `o` is the end of the file                          | clean end               |
 //! | fewer than a frame header's bytes remain            | torn                    |
 //! | valid header, body runs past the end of the file    | torn                    |
-//! | bad header or bad body checksum, a later valid frame| corruption              |
-//! | bad header or bad body checksum, no later frame     | torn                    |
+//! | bad header or body, a later frame says it was synced| corruption              |
+//! | bad header or body, no later frame says so          | torn                    |
 //! | valid frame of an unknown kind                      | corruption              |
 //!
-//! "Torn" is only acceptable in the newest segment; the caller turns it into
-//! corruption anywhere else.
+//! Each frame records how far its segment was synced when it was written
+//! (`synced_to`). A bad record that a later frame places before that point
+//! was on stable storage, so it is damage; otherwise it is a write that a
+//! crash cut short or the disk wrote back out of order, and nothing after it
+//! was ever acknowledged. "Torn" is only acceptable in the newest segment;
+//! the caller turns it into corruption anywhere else.
 
 use crate::format::record::KIND_BATCH;
 use crate::format::segment::{FRAME_HEADER_LEN, Frame, SEGMENT_HEADER_LEN, decode_frame};
@@ -73,15 +77,17 @@ impl<'a> SegmentReader<'a> {
         decode_frame(self.map.get(at..)?, self.segment_id, offset)
     }
 
-    /// Whether any valid frame header starts after `at`.
-    fn has_frame_after(&self, at: usize) -> bool {
+    /// Whether a valid frame after `at` says the segment was synced past `at`.
+    fn is_synced_past(&self, at: usize) -> bool {
         let last = self.map.len().saturating_sub(FRAME_HEADER_LEN);
-        (at + 1..=last).any(|p| self.frame_at(p).is_some())
+        (at + 1..=last)
+            .filter_map(|p| self.frame_at(p))
+            .any(|f| f.synced_to as usize > at)
     }
 
     fn bad(&mut self, reason: &'static str, may_be_tail: bool) -> BadRecord {
         self.done = true;
-        let is_tail = may_be_tail && !self.has_frame_after(self.pos);
+        let is_tail = may_be_tail && !self.is_synced_past(self.pos);
         BadRecord {
             offset: self.pos as u64,
             reason,
@@ -131,5 +137,93 @@ impl<'a> Iterator for SegmentReader<'a> {
         };
         self.pos = body_at + body_len;
         Some(Ok(record))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::segment::{FileKind, encode_frame, encode_segment_header};
+
+    /// A segment of three records; `synced_to` of each is given.
+    fn segment(synced: [u32; 3]) -> (Vec<u8>, [usize; 3]) {
+        let mut buf = encode_segment_header(1, FileKind::Log).to_vec();
+        let mut starts = [0; 3];
+        for (i, synced_to) in synced.into_iter().enumerate() {
+            starts[i] = buf.len();
+            let body = vec![i as u8 + 1; 40];
+            let mut header = [0u8; FRAME_HEADER_LEN];
+            let offset = u32::try_from(buf.len()).unwrap();
+            encode_frame(
+                &mut header,
+                KIND_BATCH,
+                &body,
+                1,
+                offset,
+                synced_to.min(offset),
+            );
+            buf.extend_from_slice(&header);
+            buf.extend_from_slice(&body);
+        }
+        (buf, starts)
+    }
+
+    fn outcome(map: &[u8]) -> (usize, Option<BadRecord>) {
+        let mut good = 0;
+        for item in SegmentReader::new(map, 1) {
+            match item {
+                Ok(_) => good += 1,
+                Err(bad) => return (good, Some(bad)),
+            }
+        }
+        (good, None)
+    }
+
+    #[test]
+    fn damage_that_no_later_frame_saw_synced_is_a_torn_tail() {
+        // Group commit: three records written before one sync, the middle
+        // one lost to out-of-order write-back.
+        let (mut map, starts) = segment([32, 32, 32]);
+        map[starts[1] + 30] ^= 0xff;
+        let (good, bad) = outcome(&map);
+        assert_eq!(good, 1);
+        assert!(bad.is_some_and(|b| b.is_tail && b.offset == starts[1] as u64));
+    }
+
+    #[test]
+    fn damage_before_a_later_frames_synced_point_is_corruption() {
+        let (mut map, starts) = segment([32, u32::MAX, u32::MAX]);
+        map[starts[1] + 30] ^= 0xff;
+        let (good, bad) = outcome(&map);
+        assert_eq!(good, 1);
+        assert!(
+            bad.is_some_and(|b| !b.is_tail),
+            "record 3 says record 2 was synced"
+        );
+    }
+
+    #[test]
+    fn a_record_cut_short_at_the_end_is_a_torn_tail() {
+        let (map, starts) = segment([u32::MAX; 3]);
+        for cut in starts[2] + 1..map.len() {
+            let (good, bad) = outcome(&map[..cut]);
+            assert_eq!(good, 2, "cut at {cut}");
+            assert!(bad.is_some_and(|b| b.is_tail), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn a_frame_cannot_claim_a_sync_past_itself() {
+        let mut header = [0u8; FRAME_HEADER_LEN];
+        encode_frame(&mut header, KIND_BATCH, b"x", 1, 100, 100);
+        assert!(crate::format::segment::decode_frame(&header, 1, 100).is_some());
+        let forged = {
+            let mut h = header;
+            h[24..28].copy_from_slice(&101u32.to_le_bytes());
+            let crc = crc32fast::hash(&h[4..]);
+            h[0..4].copy_from_slice(&crc.to_le_bytes());
+            h
+        };
+        assert!(crate::format::segment::decode_frame(&forged, 1, 100).is_none());
     }
 }

@@ -64,6 +64,10 @@ pub(crate) struct LogWriter {
     active: Arc<dyn StorageFile>,
     active_id: u32,
     active_len: u64,
+    /// A position known in both coordinates: log sequence number `.0` is
+    /// offset `.1` of the active segment. Turns a durable lsn into the
+    /// `synced_to` offset that frames carry.
+    active_anchor: (u64, u64),
     lsn: u64,
     buf: Vec<u8>,
 }
@@ -88,6 +92,7 @@ impl LogWriter {
             active,
             active_id,
             active_len,
+            active_anchor: (0, active_len),
             lsn: 0,
             buf: Vec::new(),
         }
@@ -114,7 +119,17 @@ impl LogWriter {
 
     /// Decides where the record in `buf` goes (rotating first if the active
     /// segment is full) and writes its frame header.
-    pub(crate) fn place(&mut self, buf: &mut [u8], kind: u8) -> Result<Placed> {
+    ///
+    /// `durable_lsn` is how far the log is synced, when syncs are what make
+    /// batches durable; `None` (buffered) makes the frame claim everything
+    /// before it as written for good, so that recovery treats any damage
+    /// before it as corruption rather than as a write cut short.
+    pub(crate) fn place(
+        &mut self,
+        buf: &mut [u8],
+        kind: u8,
+        durable_lsn: Option<u64>,
+    ) -> Result<Placed> {
         let record_len = buf.len() as u64;
         let is_full = self.active_len + record_len > self.segment_bytes_max
             || self.active_len + record_len > u64::from(u32::MAX);
@@ -125,8 +140,15 @@ impl LogWriter {
         };
         let offset = u32::try_from(self.active_len)
             .expect("segment offsets fit in u32 (rotation keeps them so)");
+        let (anchor_lsn, anchor_offset) = self.active_anchor;
+        let synced_to = match durable_lsn.map(|lsn| lsn.checked_sub(anchor_lsn)) {
+            None => u64::from(offset),
+            Some(Some(past)) => (anchor_offset + past).min(u64::from(offset)),
+            Some(None) => SEGMENT_HEADER_LEN as u64,
+        };
+        let synced_to = u32::try_from(synced_to).expect("at most the record's own offset");
         let (header, body) = buf.split_at_mut(FRAME_HEADER_LEN);
-        encode_frame(header, kind, body, self.active_id, offset);
+        encode_frame(header, kind, body, self.active_id, offset, synced_to);
         Ok(Placed {
             segment: self.active_id,
             offset,
@@ -181,6 +203,7 @@ impl LogWriter {
         self.active = Arc::clone(&file);
         self.active_id = next_id;
         self.active_len = SEGMENT_HEADER_LEN as u64;
+        self.active_anchor = (self.lsn, self.active_len);
         Ok(file)
     }
 }

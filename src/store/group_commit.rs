@@ -51,6 +51,11 @@ impl GroupCommit {
         self.synced.notify_all();
     }
 
+    /// Everything before this position is durable.
+    pub(crate) fn durable_lsn(&self) -> u64 {
+        self.state.lock().durable
+    }
+
     /// The newest position written.
     pub(crate) fn written_lsn(&self) -> u64 {
         self.state.lock().written

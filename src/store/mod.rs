@@ -155,6 +155,13 @@ impl Store {
             maps.insert(s.id, Arc::clone(&s.file), map);
         }
         let active = walk.segments.pop().expect("at least one segment");
+        // Frames written from now on claim the segment synced up to where it
+        // ends now (see `LogWriter::place`): make that true.
+        let active_path = dir.join(segment_file_name(active.id));
+        active
+            .file
+            .sync_data()
+            .map_err(|e| Error::io("sync", active_path, e))?;
         let log = LogWriter::new(
             dir.clone(),
             Arc::clone(&storage),

@@ -164,7 +164,7 @@ impl Store {
 
         let placed = writer
             .log
-            .place(&mut buf, KIND_BATCH)
+            .place(&mut buf, KIND_BATCH, self.sync_claim())
             .inspect_err(|e| self.commit.poison(format!("segment rotation failed: {e}")))?;
         if let Some(file) = &placed.new_segment {
             // Sealing the old segment synced everything before this record.
@@ -211,6 +211,14 @@ impl Store {
 
         self.wait_durable(lsn_end)?;
         Ok(planned.report)
+    }
+
+    /// How far the log is synced, if syncs are what make batches durable.
+    fn sync_claim(&self) -> Option<u64> {
+        match self.options.durability {
+            Durability::Sync => Some(self.commit.durable_lsn()),
+            Durability::Buffered => None,
+        }
     }
 
     fn wait_durable(&self, lsn: u64) -> Result<()> {
