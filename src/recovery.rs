@@ -31,7 +31,9 @@ use crate::format::segment::{
 use crate::format::state::StateEnd;
 use crate::index::Index;
 use crate::index::expiry::Ttls;
-use crate::log::names::{SNAPSHOT_FILE, TMP_SUFFIX, parse_segment_file_name, segment_file_name};
+use crate::log::names::{
+    SNAPSHOT_FILE, SYNC_FAILED_FILE, TMP_SUFFIX, parse_segment_file_name, segment_file_name,
+};
 use crate::log::reader::SegmentReader;
 use crate::state_file::StateLoader;
 use crate::storage::{OpenMode, Storage, StorageFile};
@@ -471,6 +473,27 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, ttls: Ttls) -> Result<R
         segment.valid_len = problem.offset.max(SEGMENT_HEADER_LEN as u64);
         segment.kind = Some(FileKind::Log);
     }
+    if storage
+        .list_dir(dir)
+        .map_err(|e| Error::io("list", dir, e))?
+        .iter()
+        .any(|n| n == SYNC_FAILED_FILE)
+    {
+        if let Some(newest) = walk
+            .segments
+            .last_mut()
+            .filter(|s| s.kind == Some(FileKind::Log))
+        {
+            newest.file = rewrite_segment(storage, dir, newest.id, newest.valid_len)?;
+        }
+        let marker = dir.join(SYNC_FAILED_FILE);
+        storage
+            .remove_file(&marker)
+            .map_err(|e| Error::io("remove", &marker, e))?;
+        storage
+            .sync_dir(dir)
+            .map_err(|e| Error::io("sync directory", dir, e))?;
+    }
     Ok(Recovered {
         index,
         walk,
@@ -513,6 +536,39 @@ pub(crate) fn load_base(map: &[u8], id: u32, ttls: Ttls) -> Result<Index, Cow<'s
     )
     .map_err(|p| p.reason)?;
     Ok(index)
+}
+
+/// Writes segment `id`'s first `len` bytes to a new file that replaces it.
+///
+/// After a failed sync the kernel may have marked the segment's unsynced
+/// pages clean: they read back, but will never reach the disk, and no later
+/// sync covers them. A copy holds them in pages of its own, which its sync
+/// does write.
+fn rewrite_segment(
+    storage: &dyn Storage,
+    dir: &Path,
+    id: u32,
+    len: u64,
+) -> Result<Arc<dyn StorageFile>> {
+    let path = dir.join(segment_file_name(id));
+    let tmp = dir.join(format!("{}{TMP_SUFFIX}", segment_file_name(id)));
+    let file = storage
+        .open(&path, OpenMode::Read)
+        .map_err(|e| Error::io("open", &path, e))?;
+    let map = file.map(0).map_err(|e| Error::io("map", &path, e))?;
+    let bytes = map
+        .get(..len as usize)
+        .ok_or_else(|| Error::io("read", &path, std::io::ErrorKind::UnexpectedEof.into()))?;
+    write_new_file(storage, &tmp, bytes)?;
+    storage
+        .rename(&tmp, &path)
+        .map_err(|e| Error::io("rename", &tmp, e))?;
+    storage
+        .sync_dir(dir)
+        .map_err(|e| Error::io("sync directory", dir, e))?;
+    storage
+        .open(&path, OpenMode::Append)
+        .map_err(|e| Error::io("open", &path, e))
 }
 
 /// Removes temporary files that an interrupted compaction or snapshot left.

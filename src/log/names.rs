@@ -7,6 +7,9 @@ pub(crate) const LOCK_FILE: &str = "LOCK";
 /// File name of the index snapshot.
 pub(crate) const SNAPSHOT_FILE: &str = "SNAPSHOT";
 
+/// Left by a store whose sync failed: the next open rewrites the newest segment.
+pub(crate) const SYNC_FAILED_FILE: &str = "SYNC_FAILED";
+
 /// Suffix of a file being written, renamed into place once whole and synced.
 pub(crate) const TMP_SUFFIX: &str = ".tmp";
 

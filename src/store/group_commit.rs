@@ -18,6 +18,14 @@ use parking_lot::{Condvar, Mutex};
 use crate::error::{Error, Result};
 use crate::storage::StorageFile;
 
+/// What the syncer does around a sync, on behalf of the store.
+pub(crate) trait SyncHooks {
+    /// Everything before `lsn` is durable: make it visible.
+    fn published(&self, lsn: u64);
+    /// The sync failed; the store is poisoned.
+    fn sync_failed(&self);
+}
+
 #[derive(Debug, Default)]
 struct State {
     /// Newest position written, and the file it is in.
@@ -79,9 +87,9 @@ impl GroupCommit {
     }
 
     /// Returns once everything before `lsn` is durable and published,
-    /// syncing if no one else is; after a sync, `publish` is called with the
-    /// position it covered.
-    pub(crate) fn wait_durable(&self, lsn: u64, publish: &dyn Fn(u64)) -> Result<()> {
+    /// syncing if no one else is; after a sync, `hooks` publish what it
+    /// covered, or hear that it failed.
+    pub(crate) fn wait_durable(&self, lsn: u64, hooks: &dyn SyncHooks) -> Result<()> {
         let mut s = self.state.lock();
         loop {
             if let Some(reason) = &s.poisoned {
@@ -105,8 +113,9 @@ impl GroupCommit {
             s.is_syncing = true;
             let synced = parking_lot::MutexGuard::unlocked(&mut s, || {
                 let synced = file.sync_data();
-                if synced.is_ok() {
-                    publish(target);
+                match &synced {
+                    Ok(()) => hooks.published(target),
+                    Err(_) => hooks.sync_failed(),
                 }
                 synced
             });

@@ -45,7 +45,7 @@ impl Store {
             let file = writer
                 .log
                 .rotate()
-                .inspect_err(|e| self.commit.poison(format!("segment rotation failed: {e}")))?;
+                .inspect_err(|e| self.poison("segment rotation failed", e))?;
             let (cut, _, lsn) = writer.log.position();
             // Sealing synced everything before the cut: no batch below it stays pending.
             self.publish_locked(writer, lsn);
@@ -54,7 +54,7 @@ impl Store {
             let map = file
                 .map(self.maps_reserve())
                 .map_err(|e| Error::io("map", path, e))
-                .inspect_err(|e| self.commit.poison(format!("map failed: {e}")))?;
+                .inspect_err(|e| self.poison("map failed", e))?;
             self.maps.insert(cut, Arc::clone(&file), map);
             (cut, self.index.read().log_time_ms)
         };
@@ -153,10 +153,12 @@ impl Store {
         // The snapshot may only cover what is durable and published.
         let (segment, offset, lsn) = writer.log.position();
         let path = self.dir.join(segment_file_name(segment));
-        writer.log.active_file().sync_data().map_err(|e| {
-            self.commit.poison(format!("sync failed: {e}"));
-            Error::io("sync", path, e)
-        })?;
+        writer
+            .log
+            .active_file()
+            .sync_data()
+            .map_err(|e| Error::io("sync", path, e))
+            .inspect_err(|e| self.poison("snapshot sync failed", e))?;
         self.publish_locked(writer, lsn);
         let first_segment = self.maps.first_id().unwrap_or(segment);
         let index = self.index.read();

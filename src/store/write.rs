@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use super::group_commit::SyncHooks;
 use super::{PlanView, Store};
 use crate::apply::classify::hash_batch;
 use crate::apply::plan::{PlanOptions, plan};
@@ -11,8 +12,9 @@ use crate::error::{Error, Result, display_id};
 use crate::format::record::{self, KIND_BATCH, QuarantineView};
 use crate::format::segment::FRAME_HEADER_LEN;
 use crate::format::{ID_BYTES_MAX, POSITION_BYTES_MAX, RECORD_BODY_BYTES_MAX};
-use crate::log::names::segment_file_name;
+use crate::log::names::{SYNC_FAILED_FILE, segment_file_name};
 use crate::options::Durability;
+use crate::storage::OpenMode;
 
 fn invalid_batch(batch: &Batch, reason: impl Into<String>) -> Error {
     Error::InvalidBatch {
@@ -165,7 +167,7 @@ impl Store {
         let placed = writer
             .log
             .place(&mut buf, KIND_BATCH, self.sync_claim())
-            .inspect_err(|e| self.commit.poison(format!("segment rotation failed: {e}")))?;
+            .inspect_err(|e| self.poison("segment rotation failed", e))?;
         if let Some(file) = &placed.new_segment {
             // Sealing the old segment synced everything before this record.
             self.publish_locked(writer, placed.lsn_start);
@@ -173,7 +175,7 @@ impl Store {
             let map = file
                 .map(self.maps_reserve())
                 .map_err(|e| Error::io("map", path, e))
-                .inspect_err(|e| self.commit.poison(format!("map failed: {e}")))?;
+                .inspect_err(|e| self.poison("map failed", e))?;
             self.maps.insert(placed.segment, Arc::clone(file), map);
         }
         // Decode what we are about to write with the same decoder recovery
@@ -185,7 +187,7 @@ impl Store {
         let lsn_end = writer
             .log
             .write(&buf, &placed)
-            .inspect_err(|e| self.commit.poison(format!("append failed: {e}")))?;
+            .inspect_err(|e| self.poison("append failed", e))?;
         match self.options.durability {
             Durability::Buffered => self
                 .index
@@ -223,17 +225,28 @@ impl Store {
 
     fn wait_durable(&self, lsn: u64) -> Result<()> {
         match self.options.durability {
-            Durability::Sync => self
-                .commit
-                .wait_durable(lsn, &|target| self.publish(target)),
+            Durability::Sync => self.commit.wait_durable(lsn, self),
             Durability::Buffered => Ok(()),
         }
     }
 
-    /// Publishes the pending batches up to `lsn` (now durable).
-    fn publish(&self, lsn: u64) {
-        let mut writer = self.writer.lock();
-        self.publish_locked(&mut writer, lsn);
+    /// Refuses further writes after a failed write or sync. A failed sync
+    /// may have dropped dirty pages that still read back from the page
+    /// cache, so it also leaves a note for the next `open`, which then
+    /// rewrites the newest segment (best effort: the disk is failing).
+    pub(super) fn poison(&self, what: &str, error: &Error) {
+        self.commit.poison(format!("{what}: {error}"));
+        if matches!(error, Error::Io { op: "sync", .. }) {
+            self.note_sync_failure();
+        }
+    }
+
+    fn note_sync_failure(&self) {
+        let path = self.dir.join(SYNC_FAILED_FILE);
+        if let Ok(file) = self.options.storage.open(&path, OpenMode::CreateNew) {
+            let _ = file.sync_data();
+            let _ = self.options.storage.sync_dir(&self.dir);
+        }
     }
 
     /// As `publish`, for a caller that holds the writer lock; also notes `lsn` as durable.
@@ -248,5 +261,17 @@ impl Store {
         self.options
             .segment_bytes_max
             .saturating_add(super::MAP_SLACK_BYTES)
+    }
+}
+
+impl SyncHooks for Store {
+    /// Publishes the pending batches up to `lsn` (now durable).
+    fn published(&self, lsn: u64) {
+        let mut writer = self.writer.lock();
+        self.publish_locked(&mut writer, lsn);
+    }
+
+    fn sync_failed(&self) {
+        self.note_sync_failure();
     }
 }
