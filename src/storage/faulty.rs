@@ -21,6 +21,9 @@
 //! - Bit rot: [`FaultyStorage::corrupt`] flips bits of durable bytes.
 //! - Every operation is counted and traced ([`OpRecord`]), so a test can run
 //!   a workload once to count its operations, then cut at each of them.
+//! - An operation can be held when it starts while other threads go on
+//!   ([`FaultyStorage::pause_next`]), to interleave threads deterministically
+//!   (for example, a record appended while another writer's sync is held).
 //!
 //! What it does not model: permissions, disk capacity (ENOSPC is only
 //! injected), hard links, directories as entries (`create_dir_all` is
@@ -37,7 +40,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use super::{OpenMode, Storage, StorageFile};
 
@@ -190,6 +193,8 @@ pub struct OpRecord {
     pub offset: u64,
     /// For `Append`: the buffer's length; for `SetLen`: the new length.
     pub bytes: u64,
+    /// For `Open`: the mode.
+    pub mode: Option<OpenMode>,
     /// Whether it failed (fault or crash).
     pub failed: bool,
 }
@@ -199,12 +204,12 @@ pub struct OpRecord {
 /// a store runs on a clone.
 #[derive(Clone, Default)]
 pub struct FaultyStorage {
-    disk: Arc<Mutex<Disk>>,
+    shared: Arc<Shared>,
 }
 
 impl fmt::Debug for FaultyStorage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let disk = self.disk.lock();
+        let disk = self.shared.disk.lock();
         f.debug_struct("FaultyStorage")
             .field("files", &disk.current.len())
             .field("ops", &disk.ops.len())
@@ -252,6 +257,23 @@ struct Disk {
     ops: Vec<OpRecord>,
     faults: Vec<Armed>,
     crash: Option<Crash>,
+    pause: Option<Pause>,
+}
+
+/// A test's hold on an operation, to interleave threads deterministically.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pause {
+    /// Hold the next operation of this kind.
+    Next(OpKind),
+    /// Operation `index` is held until `resume`.
+    Holding(u64),
+}
+
+/// The disk, and the condition variable that paused operations wait on.
+#[derive(Debug, Default)]
+struct Shared {
+    disk: Mutex<Disk>,
+    pause: Condvar,
 }
 
 /// What the gate decided for one operation.
@@ -260,6 +282,9 @@ enum Gate {
     Fail {
         error: io::Error,
         written_bytes: Option<usize>,
+        /// The process died: nothing else happens, not even the side
+        /// effects of an fsync error.
+        is_crash: bool,
     },
 }
 
@@ -335,64 +360,6 @@ impl Inode {
 }
 
 impl Disk {
-    /// Counts and traces an operation, and decides whether it fails.
-    fn gate(&mut self, kind: OpKind, path: &Path, offset: u64, bytes: u64) -> Gate {
-        let index = self.ops.len() as u64;
-        let mut gate = Gate::Go;
-        if let Some(crash) = self.crash
-            && index >= crash.at
-        {
-            gate = Gate::Fail {
-                error: io::Error::from_raw_os_error(5),
-                written_bytes: if index == crash.at {
-                    crash.torn_bytes
-                } else {
-                    None
-                },
-            };
-        } else {
-            let mut fired = None;
-            for (i, armed) in self.faults.iter_mut().enumerate() {
-                if armed.fault.kind != kind {
-                    continue;
-                }
-                if armed.skip_left > 0 {
-                    armed.skip_left -= 1;
-                    continue;
-                }
-                if fired.is_none() {
-                    fired = Some(i);
-                }
-            }
-            if let Some(i) = fired {
-                let fault = self.faults.get(i).expect("index from the loop").fault;
-                if fault.repeat == Repeat::Once {
-                    self.faults.remove(i);
-                }
-                gate = Gate::Fail {
-                    error: fault.error.to_io_error(),
-                    written_bytes: Some(fault.written_bytes),
-                };
-            }
-        }
-        self.ops.push(OpRecord {
-            index,
-            kind,
-            path: path.to_owned(),
-            offset,
-            bytes,
-            failed: matches!(gate, Gate::Fail { .. }),
-        });
-        gate
-    }
-
-    fn check(&mut self, kind: OpKind, path: &Path) -> io::Result<()> {
-        match self.gate(kind, path, 0, 0) {
-            Gate::Go => Ok(()),
-            Gate::Fail { error, .. } => Err(error),
-        }
-    }
-
     fn has_parent_dir(&self, path: &Path) -> bool {
         path.parent().is_some_and(|p| self.dirs.contains(p))
     }
@@ -422,6 +389,96 @@ impl Disk {
     }
 }
 
+/// Counts and traces an operation, holds it while a test has it paused,
+/// and decides whether it fails.
+fn gate(
+    shared: &Shared,
+    disk: &mut MutexGuard<'_, Disk>,
+    kind: OpKind,
+    path: &Path,
+    offset: u64,
+    bytes: u64,
+    mode: Option<OpenMode>,
+) -> Gate {
+    let index = disk.ops.len() as u64;
+    disk.ops.push(OpRecord {
+        index,
+        kind,
+        path: path.to_owned(),
+        offset,
+        bytes,
+        mode,
+        failed: false,
+    });
+    if disk.pause == Some(Pause::Next(kind)) {
+        disk.pause = Some(Pause::Holding(index));
+        shared.pause.notify_all();
+        while disk.pause == Some(Pause::Holding(index)) {
+            shared.pause.wait(disk);
+        }
+    }
+
+    let mut gate = Gate::Go;
+    if let Some(crash) = disk.crash
+        && index >= crash.at
+    {
+        gate = Gate::Fail {
+            error: io::Error::from_raw_os_error(5),
+            written_bytes: if index == crash.at {
+                crash.torn_bytes
+            } else {
+                None
+            },
+            is_crash: true,
+        };
+    } else {
+        let mut fired = None;
+        for (i, armed) in disk.faults.iter_mut().enumerate() {
+            if armed.fault.kind != kind {
+                continue;
+            }
+            if armed.skip_left > 0 {
+                armed.skip_left -= 1;
+                continue;
+            }
+            if fired.is_none() {
+                fired = Some(i);
+            }
+        }
+        if let Some(i) = fired {
+            let fault = disk.faults.get(i).expect("index from the loop").fault;
+            if fault.repeat == Repeat::Once {
+                disk.faults.remove(i);
+            }
+            gate = Gate::Fail {
+                error: fault.error.to_io_error(),
+                written_bytes: Some(fault.written_bytes),
+                is_crash: false,
+            };
+        }
+    }
+    if let Gate::Fail { .. } = gate {
+        disk.ops
+            .get_mut(to_usize(index))
+            .expect("the record pushed above")
+            .failed = true;
+    }
+    gate
+}
+
+/// [`gate`] for operations that write nothing before failing.
+fn check(
+    shared: &Shared,
+    disk: &mut MutexGuard<'_, Disk>,
+    kind: OpKind,
+    path: &Path,
+) -> io::Result<()> {
+    match gate(shared, disk, kind, path, 0, 0, None) {
+        Gate::Go => Ok(()),
+        Gate::Fail { error, .. } => Err(error),
+    }
+}
+
 impl FaultyStorage {
     /// An empty disk with no faults armed.
     pub fn new() -> Self {
@@ -430,7 +487,7 @@ impl FaultyStorage {
 
     /// Arms a fault. Several may be armed; the first armed that matches fires.
     pub fn inject(&self, fault: Fault) {
-        self.disk.lock().faults.push(Armed {
+        self.shared.disk.lock().faults.push(Armed {
             fault,
             skip_left: fault.skip,
         });
@@ -438,13 +495,13 @@ impl FaultyStorage {
 
     /// Disarms every fault (not a crash: a crashed process stays dead).
     pub fn heal(&self) {
-        self.disk.lock().faults.clear();
+        self.shared.disk.lock().faults.clear();
     }
 
     /// The process dies at global operation `index`: it and every later
     /// operation fail with EIO.
     pub fn crash_at(&self, index: u64) {
-        self.disk.lock().crash = Some(Crash {
+        self.shared.disk.lock().crash = Some(Crash {
             at: index,
             torn_bytes: None,
         });
@@ -453,7 +510,7 @@ impl FaultyStorage {
     /// Like [`crash_at`](Self::crash_at), but if operation `index` is an
     /// append, its first `torn_bytes` bytes are written before it fails.
     pub fn crash_at_torn(&self, index: u64, torn_bytes: usize) {
-        self.disk.lock().crash = Some(Crash {
+        self.shared.disk.lock().crash = Some(Crash {
             at: index,
             torn_bytes: Some(torn_bytes),
         });
@@ -461,24 +518,57 @@ impl FaultyStorage {
 
     /// Whether an armed crash has happened.
     pub fn has_crashed(&self) -> bool {
-        let disk = self.disk.lock();
+        let disk = self.shared.disk.lock();
         disk.crash.is_some_and(|c| disk.ops.len() as u64 > c.at)
+    }
+
+    /// Holds the next operation of `kind` when it starts (before it takes
+    /// effect or fails), until [`resume`](Self::resume): other threads go on
+    /// meanwhile. For interleaving threads deterministically.
+    pub fn pause_next(&self, kind: OpKind) {
+        self.shared.disk.lock().pause = Some(Pause::Next(kind));
+    }
+
+    /// Waits until an operation is held by [`pause_next`](Self::pause_next);
+    /// returns its index, or `None` if none was within `timeout`.
+    pub fn wait_until_paused(&self, timeout: std::time::Duration) -> Option<u64> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut disk = self.shared.disk.lock();
+        loop {
+            if let Some(Pause::Holding(index)) = disk.pause {
+                return Some(index);
+            }
+            if self
+                .shared
+                .pause
+                .wait_until(&mut disk, deadline)
+                .timed_out()
+            {
+                return None;
+            }
+        }
+    }
+
+    /// Lets a held operation go on (and disarms a pause not yet reached).
+    pub fn resume(&self) {
+        self.shared.disk.lock().pause = None;
+        self.shared.pause.notify_all();
     }
 
     /// Operations started so far (the next one gets this index).
     pub fn op_count(&self) -> u64 {
-        self.disk.lock().ops.len() as u64
+        self.shared.disk.lock().ops.len() as u64
     }
 
     /// Every operation so far, in order.
     pub fn ops(&self) -> Vec<OpRecord> {
-        self.disk.lock().ops.clone()
+        self.shared.disk.lock().ops.clone()
     }
 
     /// A new disk holding what `policy` says a crash leaves of this one:
     /// everything on it is durable, no fault is armed and no lock held.
     pub fn crash_image(&self, policy: CrashPolicy) -> FaultyStorage {
-        let disk = self.disk.lock();
+        let disk = self.shared.disk.lock();
         let namespace = match policy {
             CrashPolicy::PowerLoss => &disk.durable,
             _ => &disk.current,
@@ -505,7 +595,10 @@ impl FaultyStorage {
             image.durable.insert(path.clone(), new_ino);
         }
         FaultyStorage {
-            disk: Arc::new(Mutex::new(image)),
+            shared: Arc::new(Shared {
+                disk: Mutex::new(image),
+                pause: Condvar::new(),
+            }),
         }
     }
 
@@ -517,7 +610,7 @@ impl FaultyStorage {
     /// durable bytes.
     pub fn corrupt(&self, path: impl AsRef<Path>, offset: u64, xor_mask: u8) -> io::Result<()> {
         let path = path.as_ref();
-        let mut disk = self.disk.lock();
+        let mut disk = self.shared.disk.lock();
         let ino = disk.ino_of(path)?;
         let inode = disk.inode_mut(ino);
         let at = to_usize(offset);
@@ -539,26 +632,26 @@ impl FaultyStorage {
 
     /// Every file in the current namespace, in path order.
     pub fn files(&self) -> Vec<PathBuf> {
-        self.disk.lock().current.keys().cloned().collect()
+        self.shared.disk.lock().current.keys().cloned().collect()
     }
 
     /// A file's current length, if it exists.
     pub fn file_len(&self, path: impl AsRef<Path>) -> Option<u64> {
-        let disk = self.disk.lock();
+        let disk = self.shared.disk.lock();
         let ino = disk.ino_of(path.as_ref()).ok()?;
         Some(disk.inode(ino).current.len() as u64)
     }
 
     /// A file's current bytes, if it exists.
     pub fn read_file(&self, path: impl AsRef<Path>) -> Option<Vec<u8>> {
-        let disk = self.disk.lock();
+        let disk = self.shared.disk.lock();
         let ino = disk.ino_of(path.as_ref()).ok()?;
         Some(disk.inode(ino).current.clone())
     }
 
     /// A file's durable bytes, if its durable entry exists.
     pub fn read_durable_file(&self, path: impl AsRef<Path>) -> Option<Vec<u8>> {
-        let disk = self.disk.lock();
+        let disk = self.shared.disk.lock();
         let ino = disk.durable.get(path.as_ref()).copied()?;
         Some(disk.inode(ino).durable.clone())
     }
@@ -566,8 +659,8 @@ impl FaultyStorage {
 
 impl Storage for FaultyStorage {
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
-        let mut disk = self.disk.lock();
-        disk.check(OpKind::CreateDir, dir)?;
+        let mut disk = self.shared.disk.lock();
+        check(&self.shared, &mut disk, OpKind::CreateDir, dir)?;
         for a in dir.ancestors() {
             disk.dirs.insert(a.to_owned());
         }
@@ -575,8 +668,8 @@ impl Storage for FaultyStorage {
     }
 
     fn list_dir(&self, dir: &Path) -> io::Result<Vec<String>> {
-        let mut disk = self.disk.lock();
-        disk.check(OpKind::List, dir)?;
+        let mut disk = self.shared.disk.lock();
+        check(&self.shared, &mut disk, OpKind::List, dir)?;
         if !disk.dirs.contains(dir) {
             return Err(not_found(dir));
         }
@@ -590,8 +683,18 @@ impl Storage for FaultyStorage {
     }
 
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn StorageFile>> {
-        let mut disk = self.disk.lock();
-        disk.check(OpKind::Open, path)?;
+        let mut disk = self.shared.disk.lock();
+        if let Gate::Fail { error, .. } = gate(
+            &self.shared,
+            &mut disk,
+            OpKind::Open,
+            path,
+            0,
+            0,
+            Some(mode),
+        ) {
+            return Err(error);
+        }
         let ino = match mode {
             OpenMode::CreateNew => {
                 if !disk.has_parent_dir(path) {
@@ -610,7 +713,7 @@ impl Storage for FaultyStorage {
             OpenMode::Append | OpenMode::Read => disk.ino_of(path)?,
         };
         Ok(Arc::new(FaultyFile {
-            disk: Arc::clone(&self.disk),
+            shared: Arc::clone(&self.shared),
             ino,
             path: path.to_owned(),
             is_writable: mode != OpenMode::Read,
@@ -618,8 +721,8 @@ impl Storage for FaultyStorage {
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        let mut disk = self.disk.lock();
-        disk.check(OpKind::Rename, from)?;
+        let mut disk = self.shared.disk.lock();
+        check(&self.shared, &mut disk, OpKind::Rename, from)?;
         let ino = disk.ino_of(from)?;
         if !disk.has_parent_dir(to) {
             return Err(not_found(to));
@@ -630,16 +733,16 @@ impl Storage for FaultyStorage {
     }
 
     fn remove_file(&self, path: &Path) -> io::Result<()> {
-        let mut disk = self.disk.lock();
-        disk.check(OpKind::Remove, path)?;
+        let mut disk = self.shared.disk.lock();
+        check(&self.shared, &mut disk, OpKind::Remove, path)?;
         disk.ino_of(path)?;
         disk.current.remove(path);
         Ok(())
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        let mut disk = self.disk.lock();
-        disk.check(OpKind::SyncDir, dir)?;
+        let mut disk = self.shared.disk.lock();
+        check(&self.shared, &mut disk, OpKind::SyncDir, dir)?;
         if !disk.dirs.contains(dir) {
             return Err(not_found(dir));
         }
@@ -656,8 +759,8 @@ impl Storage for FaultyStorage {
     }
 
     fn lock(&self, path: &Path) -> io::Result<Box<dyn Any + Send + Sync>> {
-        let mut disk = self.disk.lock();
-        disk.check(OpKind::Lock, path)?;
+        let mut disk = self.shared.disk.lock();
+        check(&self.shared, &mut disk, OpKind::Lock, path)?;
         if disk.locks.contains(path) {
             return Err(io::ErrorKind::WouldBlock.into());
         }
@@ -670,7 +773,7 @@ impl Storage for FaultyStorage {
         }
         disk.locks.insert(path.to_owned());
         Ok(Box::new(LockGuard {
-            disk: Arc::clone(&self.disk),
+            shared: Arc::clone(&self.shared),
             path: path.to_owned(),
         }))
     }
@@ -678,20 +781,20 @@ impl Storage for FaultyStorage {
 
 /// Releases a lock of the lock table when dropped.
 struct LockGuard {
-    disk: Arc<Mutex<Disk>>,
+    shared: Arc<Shared>,
     path: PathBuf,
 }
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        self.disk.lock().locks.remove(&self.path);
+        self.shared.disk.lock().locks.remove(&self.path);
     }
 }
 
 /// An open file of a [`FaultyStorage`]: it follows its inode, so it keeps
 /// working after a rename or removal, as on POSIX.
 struct FaultyFile {
-    disk: Arc<Mutex<Disk>>,
+    shared: Arc<Shared>,
     ino: usize,
     path: PathBuf,
     is_writable: bool,
@@ -721,20 +824,29 @@ impl FaultyFile {
 
 impl StorageFile for FaultyFile {
     fn len(&self) -> io::Result<u64> {
-        let mut disk = self.disk.lock();
-        disk.check(OpKind::Len, &self.path)?;
+        let mut disk = self.shared.disk.lock();
+        check(&self.shared, &mut disk, OpKind::Len, &self.path)?;
         Ok(disk.inode(self.ino).current.len() as u64)
     }
 
     fn append(&self, buf: &[u8]) -> io::Result<()> {
-        let mut disk = self.disk.lock();
+        let mut disk = self.shared.disk.lock();
         let at = disk.inode(self.ino).current.len() as u64;
-        let gate = disk.gate(OpKind::Append, &self.path, at, buf.len() as u64);
+        let gate = gate(
+            &self.shared,
+            &mut disk,
+            OpKind::Append,
+            &self.path,
+            at,
+            buf.len() as u64,
+            None,
+        );
         let (written, result) = match gate {
             Gate::Go => (buf, Ok(())),
             Gate::Fail {
                 error,
                 written_bytes,
+                ..
             } => {
                 let n = written_bytes.unwrap_or(0).min(buf.len());
                 (buf.get(..n).expect("n is at most the length"), Err(error))
@@ -753,9 +865,16 @@ impl StorageFile for FaultyFile {
     }
 
     fn sync_data(&self) -> io::Result<()> {
-        let mut disk = self.disk.lock();
-        let crashed = disk.crash.is_some_and(|c| disk.ops.len() as u64 >= c.at);
-        let gate = disk.gate(OpKind::SyncData, &self.path, 0, 0);
+        let mut disk = self.shared.disk.lock();
+        let gate = gate(
+            &self.shared,
+            &mut disk,
+            OpKind::SyncData,
+            &self.path,
+            0,
+            0,
+            None,
+        );
         let inode = disk.inode_mut(self.ino);
         match gate {
             Gate::Go => {
@@ -763,8 +882,10 @@ impl StorageFile for FaultyFile {
                 inode.unsynced.clear();
                 Ok(())
             }
-            Gate::Fail { error, .. } => {
-                if !crashed {
+            Gate::Fail {
+                error, is_crash, ..
+            } => {
+                if !is_crash {
                     // An fsync error drops the dirty pages' write-back: what
                     // was unsynced stays readable but never reaches the disk.
                     inode.unsynced.clear();
@@ -775,8 +896,16 @@ impl StorageFile for FaultyFile {
     }
 
     fn set_len(&self, len: u64) -> io::Result<()> {
-        let mut disk = self.disk.lock();
-        match disk.gate(OpKind::SetLen, &self.path, 0, len) {
+        let mut disk = self.shared.disk.lock();
+        match gate(
+            &self.shared,
+            &mut disk,
+            OpKind::SetLen,
+            &self.path,
+            0,
+            len,
+            None,
+        ) {
             Gate::Go => {}
             Gate::Fail { error, .. } => return Err(error),
         }
@@ -788,8 +917,8 @@ impl StorageFile for FaultyFile {
     }
 
     fn map(&self, _reserve: u64) -> io::Result<Bytes> {
-        let mut disk = self.disk.lock();
-        disk.check(OpKind::Map, &self.path)?;
+        let mut disk = self.shared.disk.lock();
+        check(&self.shared, &mut disk, OpKind::Map, &self.path)?;
         Ok(Bytes::from(disk.inode(self.ino).current.clone()))
     }
 }
@@ -904,6 +1033,28 @@ mod tests {
         assert_eq!(f.map(0).unwrap(), Bytes::from_static(b"x"));
         s.sync_dir(&dir()).unwrap();
         assert!(s.crash_image(CrashPolicy::PowerLoss).files().is_empty());
+    }
+
+    #[test]
+    fn a_paused_operation_waits_while_others_go_on() {
+        let (s, f) = setup();
+        s.pause_next(OpKind::SyncData);
+        let syncer = {
+            let f = Arc::clone(&f);
+            std::thread::spawn(move || f.sync_data())
+        };
+        let held = s
+            .wait_until_paused(std::time::Duration::from_secs(10))
+            .unwrap();
+        f.append(b"meanwhile").unwrap();
+        s.crash_at(held);
+        s.resume();
+        assert!(syncer.join().unwrap().is_err());
+        let ops = s.ops();
+        assert_eq!(ops[held as usize].kind, OpKind::SyncData);
+        assert!(ops[held as usize].failed);
+        assert_eq!(ops[held as usize + 1].kind, OpKind::Append);
+        assert!(!ops[held as usize + 1].failed);
     }
 
     #[test]
