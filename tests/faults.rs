@@ -294,52 +294,6 @@ fn reopen_and_resume(
     );
 }
 
-/// Checks a failed batch: the error, no trace of the batch, and refusal of
-/// every later write until reopened.
-fn check_failed_batch(
-    store: &Store,
-    storage: &FaultyStorage,
-    batches: &[Batch],
-    clean: &Clean,
-    i: usize,
-    e: &Error,
-    op: &OpRecord,
-    error: FaultError,
-    what: &str,
-) {
-    assert!(
-        matches!(e, Error::Io { .. } | Error::Poisoned { .. }),
-        "{what}: batch {i} fails with Io or Poisoned: {e:?}"
-    );
-    assert!(
-        e.to_string().contains(errno(error)),
-        "{what}: batch {i} returns the error: {e}"
-    );
-    assert_eq!(
-        Some(&snap(store)),
-        clean.states.get(i),
-        "{what}: batch {i} failed, yet the state changed"
-    );
-    if is_write(op) {
-        storage.heal();
-        for retry in [i, (i + 1).min(batches.len() - 1)] {
-            let b = batches.get(retry).expect("batch index in range");
-            let e = store
-                .apply_batch(b)
-                .expect_err("a poisoned store refuses writes");
-            assert!(
-                matches!(e, Error::Poisoned { .. }),
-                "{what}: batch {retry} after the failure: {e:?}"
-            );
-        }
-        assert_eq!(
-            Some(&snap(store)),
-            clean.states.get(i),
-            "{what}: the refused batches changed the state"
-        );
-    }
-}
-
 /// Runs the script with a fault armed that makes operation `op` fail; checks
 /// the failing call's answer and the state, then heals, reopens and resumes.
 fn run_with_fault(batches: &[Batch], clean: &Clean, op: &OpRecord, error: FaultError) {
@@ -358,6 +312,39 @@ fn run_with_fault(batches: &[Batch], clean: &Clean, op: &OpRecord, error: FaultE
         );
     };
 
+    // A failed batch: the error, no trace of the batch, and refusal of every
+    // later write until reopened.
+    let check_failed_batch = |store: &Store, i: usize, e: &Error| {
+        assert!(
+            matches!(e, Error::Io { .. } | Error::Poisoned { .. }),
+            "{what}: batch {i} fails with Io or Poisoned: {e:?}"
+        );
+        fails_with_the_fault(&format!("batch {i}"), e);
+        assert_eq!(
+            Some(&snap(store)),
+            clean.states.get(i),
+            "{what}: batch {i} failed, yet the state changed"
+        );
+        if is_write(op) {
+            storage.heal();
+            for retry in [i, (i + 1).min(batches.len() - 1)] {
+                let b = batches.get(retry).expect("batch index in range");
+                let e = store
+                    .apply_batch(b)
+                    .expect_err("a poisoned store refuses writes");
+                assert!(
+                    matches!(e, Error::Poisoned { .. }),
+                    "{what}: batch {retry} after the failure: {e:?}"
+                );
+            }
+            assert_eq!(
+                Some(&snap(store)),
+                clean.states.get(i),
+                "{what}: the refused batches changed the state"
+            );
+        }
+    };
+
     let mut store = match Store::open(dir(), options(&storage)) {
         Ok(store) => store,
         Err(e) => {
@@ -369,7 +356,7 @@ fn run_with_fault(batches: &[Batch], clean: &Clean, op: &OpRecord, error: FaultE
     };
     for (i, b) in batches.iter().enumerate() {
         if let Err(e) = store.apply_batch(b) {
-            check_failed_batch(&store, &storage, batches, clean, i, &e, op, error, &what);
+            check_failed_batch(&store, i, &e);
             drop(store);
             storage.heal();
             reopen_and_resume(&storage, batches, clean, i..=i + 1, &what);
