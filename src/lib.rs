@@ -30,6 +30,7 @@ mod compaction;
 mod digest;
 mod error;
 mod format;
+mod hashing;
 mod index;
 mod log;
 mod options;

@@ -22,7 +22,6 @@
 //! and failing would stop the pipeline on every later retry.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 
 use bytes::Bytes;
 
@@ -31,6 +30,7 @@ use super::classify::{DeliveryHash, static_problem};
 use crate::batch::{Batch, BatchReport, Op};
 use crate::error::{Error, Result, display_id};
 use crate::format::record::{CounterText, ValueSource, WriteSource, parse_counter};
+use crate::hashing::{BytesMap, IdMap};
 use crate::log::segments::ValueRef;
 use crate::options::OnConflict;
 
@@ -95,11 +95,11 @@ struct Planner<'b, 'v, V: StateView> {
     view: &'v V,
     plan: Plan<'b>,
     /// Key -> index in `plan.writes`.
-    touched: HashMap<&'b [u8], usize>,
+    touched: BytesMap<&'b [u8], usize>,
     /// Event ids first seen in this batch -> payload hash.
-    seen_here: HashMap<u128, u64>,
+    seen_here: IdMap<u128, u64>,
     /// Counter key -> index in `plan.adds`.
-    added: HashMap<&'b [u8], usize>,
+    added: BytesMap<&'b [u8], usize>,
 }
 
 impl<'b, V: StateView> Planner<'b, '_, V> {
@@ -263,9 +263,9 @@ pub(crate) fn plan<'b, V: StateView>(
     let mut p = Planner {
         view,
         plan: Plan::default(),
-        touched: HashMap::with_capacity(batch.len()),
-        seen_here: HashMap::with_capacity(batch.len()),
-        added: HashMap::new(),
+        touched: BytesMap::with_capacity_and_hasher(batch.len(), Default::default()),
+        seen_here: IdMap::with_capacity_and_hasher(batch.len(), Default::default()),
+        added: BytesMap::default(),
     };
     for (index, (d, h)) in batch.deliveries().iter().zip(hashes).enumerate() {
         let outcome = if let Some(problem) = static_problem(d, options.value_bytes_max) {

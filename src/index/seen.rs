@@ -11,10 +11,8 @@
 //! long as `run`; no id is in both `run` and `recent`; `dir[b]..dir[b + 1]`
 //! is exactly the range of `run` whose ids have top bits `b`.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
 use super::expiry::{is_expired, secs_to_ms};
+use crate::hashing::IdMap;
 
 /// One seen id. `[u64; 2]` rather than `u128` keeps the entry 8-aligned and
 /// 24 bytes long.
@@ -27,24 +25,6 @@ const _: () = assert!(std::mem::size_of::<Entry>() == 24);
 
 fn split(id: u128) -> [u64; 2] {
     [(id >> 64) as u64, id as u64]
-}
-
-/// The ids are already uniform hashes: the map needs no further hashing.
-#[derive(Debug, Default)]
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 ^= v;
-    }
 }
 
 /// Recent inserts merge into the sorted run once they exceed
@@ -69,7 +49,8 @@ pub(crate) struct SeenIndex {
     times: Vec<u32>,
     dir: Vec<u32>,
     dir_bits: u32,
-    recent: HashMap<[u64; 2], Seen, BuildHasherDefault<IdHasher>>,
+    /// The ids are already uniform hashes: the map needs no further hashing.
+    recent: IdMap<[u64; 2], Seen>,
 }
 
 impl SeenIndex {

@@ -76,6 +76,8 @@ impl Store {
 
         let switch_started = Instant::now();
         {
+            let mut writer = self.writer.lock();
+            writer.pending.forget_delta();
             let mut index = self.index.write();
             let mut moved = rewritten
                 .state

@@ -1,14 +1,18 @@
 //! Batches written to the log but not yet durable, and so not yet visible.
 //!
 //! Under `Durability::Sync` a batch becomes visible to readers only once a
-//! sync covers it: until then its effects live here, where the writer (and
-//! only the writer) plans later batches against them. Publishing applies the
-//! covered records to the index in log order. A batch whose sync fails is
-//! never published.
+//! sync covers it: until then its record waits here, and the writer (and
+//! only the writer) plans later batches against its effects. Publishing
+//! applies the covered records to the index in log order. A batch whose sync
+//! fails is never published.
+//!
+//! The effects (`delta`) are built only when a planner needs them: a lone
+//! writer's previous batch is always published before it plans the next, so
+//! it never pays for them.
 
 use std::collections::VecDeque;
 
-use crate::format::record::{BatchRecord, decode_batch};
+use crate::format::record::decode_batch;
 use crate::index::Index;
 use crate::index::expiry::Ttls;
 
@@ -26,8 +30,9 @@ struct Written {
 pub(crate) struct Pending {
     ttls: Ttls,
     records: VecDeque<Written>,
-    /// The effects of `records` alone: entries here shadow the index's.
-    pub delta: Index,
+    /// The effects of the first `delta_covers` records: entries here shadow the index's.
+    delta: Index,
+    delta_covers: usize,
 }
 
 impl Pending {
@@ -36,6 +41,7 @@ impl Pending {
             ttls,
             records: VecDeque::new(),
             delta: Index::new(ttls),
+            delta_covers: 0,
         }
     }
 
@@ -44,24 +50,22 @@ impl Pending {
     }
 
     /// Adds a record just written, ending at `lsn_end`.
-    pub(crate) fn push(
-        &mut self,
-        record: &BatchRecord<'_>,
-        body: &[u8],
-        segment: u32,
-        body_at: u32,
-        lsn_end: u64,
-        index: &Index,
-    ) {
-        self.delta
-            .apply_record(record, segment, body_at, Some(index))
-            .expect("a planned record applies to the state it was planned against");
+    pub(crate) fn push(&mut self, body: &[u8], segment: u32, body_at: u32, lsn_end: u64) {
         self.records.push_back(Written {
             lsn_end,
             segment,
             body_at,
             body: body.to_vec(),
         });
+    }
+
+    /// The pending records' effects, which shadow `index`.
+    pub(crate) fn delta(&mut self, index: &Index) -> &Index {
+        for r in self.records.iter().skip(self.delta_covers) {
+            apply(&mut self.delta, r, Some(index));
+        }
+        self.delta_covers = self.records.len();
+        &self.delta
     }
 
     /// Applies to `index`, in log order, every record that ends at or before `lsn`.
@@ -73,11 +77,17 @@ impl Pending {
             published = true;
         }
         if published {
-            // Rebuild the shadow of what is still pending on top of the new index.
+            self.forget_delta();
+        }
+    }
+
+    /// Drops the shadow, to be rebuilt on top of the index when next needed:
+    /// after the index changed under it (publishing, or compaction moving
+    /// values that the shadow's version bumps point at).
+    pub(crate) fn forget_delta(&mut self) {
+        if self.delta_covers > 0 {
             self.delta = Index::new(self.ttls);
-            for r in &self.records {
-                apply(&mut self.delta, r, Some(index));
-            }
+            self.delta_covers = 0;
         }
     }
 }

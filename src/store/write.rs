@@ -86,7 +86,7 @@ impl Store {
 
         let (planned, committed_ms) = {
             let index = self.index.read();
-            let pending = &writer.pending.delta;
+            let pending = writer.pending.delta(&index);
             // The log's clock never goes back, whatever the clock says.
             let now_ms = self
                 .options
@@ -194,17 +194,9 @@ impl Store {
                 .write()
                 .apply_record(&written, placed.segment, placed.body_at, None)
                 .expect("a planned record applies to the index it was planned against"),
-            Durability::Sync => {
-                let index = self.index.read();
-                writer.pending.push(
-                    &written,
-                    body,
-                    placed.segment,
-                    placed.body_at,
-                    lsn_end,
-                    &index,
-                );
-            }
+            Durability::Sync => writer
+                .pending
+                .push(body, placed.segment, placed.body_at, lsn_end),
         }
         self.commit.written(lsn_end, writer.log.active_file());
         drop(written);

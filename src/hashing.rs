@@ -1,0 +1,73 @@
+//! Hashers for the in-memory maps on the hot path.
+//!
+//! std's default SipHash is built to resist collision attacks on arbitrary
+//! keys, and costs accordingly. Maps keyed by event-id hashes need no
+//! hashing at all; maps keyed by caller bytes use seeded xxh3, which is fast
+//! and still spreads crafted keys.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+/// For keys that are already uniform hashes (xxh3-128 of an event id).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        self.0 = xxh3_64_with_seed(bytes, self.0);
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 ^= v;
+    }
+
+    fn write_u128(&mut self, v: u128) {
+        self.0 ^= (v >> 64) as u64 ^ v as u64;
+    }
+}
+
+/// For keys that are caller bytes.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct BytesHasher(u64);
+
+impl Hasher for BytesHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        self.0 = xxh3_64_with_seed(bytes, self.0);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        // The length prefix of a slice: fold it into the seed.
+        self.0 = self.0.rotate_left(17) ^ n as u64;
+    }
+}
+
+/// A map keyed by event-id hashes.
+pub(crate) type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+
+/// A map keyed by caller bytes.
+pub(crate) type BytesMap<K, V> = HashMap<K, V, BuildHasherDefault<BytesHasher>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::hash::{BuildHasher, BuildHasherDefault};
+
+    #[test]
+    fn byte_keys_that_differ_hash_apart() {
+        let build = BuildHasherDefault::<BytesHasher>::default();
+        let h = |k: &[u8]| build.hash_one(k);
+        assert_ne!(h(b"ab"), h(b"ba"));
+        assert_ne!(h(b""), h(b"\0"));
+        assert_eq!(h(b"O0001234/2"), h(b"O0001234/2"));
+    }
+}
