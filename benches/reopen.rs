@@ -30,14 +30,25 @@ fn open_timed(dir: &Path, options: &Options, keep_snapshot: bool) -> Duration {
 }
 
 fn main() {
-    let scale: f64 = std::env::var("IDEMKV_BENCH_SCALE").ok().and_then(|s| s.parse().ok()).unwrap_or(1.0);
+    let scale: f64 = std::env::var("IDEMKV_BENCH_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1.0);
     let keys = (1_000_000.0 * scale) as u64;
     let deliveries = (5_000_000.0 * scale) as u64;
-    let dir = tempfile::tempdir_in(std::env::var("IDEMKV_BENCH_DIR").unwrap_or_else(|_| ".".into())).expect("tempdir");
-    let options = Options::default().durability(Durability::Buffered).seen_ttl(None).batch_ttl(None);
+    let dir =
+        tempfile::tempdir_in(std::env::var("IDEMKV_BENCH_DIR").unwrap_or_else(|_| ".".into()))
+            .expect("tempdir");
+    let options = Options::default()
+        .durability(Durability::Buffered)
+        .seen_ttl(None)
+        .batch_ttl(None);
 
     let store = Store::open(dir.path(), options.clone()).expect("open");
-    let value = format!("{{\"qty\":2,\"amount_cents\":1998,\"note\":\"{}\"}}", "x".repeat(60));
+    let value = format!(
+        "{{\"qty\":2,\"amount_cents\":1998,\"note\":\"{}\"}}",
+        "x".repeat(60)
+    );
     let started = Instant::now();
     let mut batch = Batch::new("B0000000");
     let mut live_bytes = 0u64;
@@ -65,8 +76,16 @@ fn main() {
     );
     store.close().expect("close");
 
-    let replay = median((0..3).map(|_| open_timed(dir.path(), &options, false)).collect());
-    let snapshot = median((0..3).map(|_| open_timed(dir.path(), &options, true)).collect());
+    let replay = median(
+        (0..3)
+            .map(|_| open_timed(dir.path(), &options, false))
+            .collect(),
+    );
+    let snapshot = median(
+        (0..3)
+            .map(|_| open_timed(dir.path(), &options, true))
+            .collect(),
+    );
     println!(
         "open: {snapshot:.2?} from the snapshot, {replay:.2?} by full replay: ratio {:.3} (target < 0.1)",
         snapshot.as_secs_f64() / replay.as_secs_f64()

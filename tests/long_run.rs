@@ -41,13 +41,13 @@ fn batch(
     for i in 0..BATCH_DELIVERIES {
         let seq = b * BATCH_DELIVERIES + i + 1;
         let key = format!("key/{:05}", rng.next() % KEYS);
-        let value = (rng.next() % 10 != 0)
+        let value = (!rng.next().is_multiple_of(10))
             .then(|| format!("{{\"v\":{seq},\"pad\":\"{}\"}}", "x".repeat(40)));
         events.push((format!("e{seq}"), key, seq, value));
     }
     let redelivered: Vec<_> = previous
         .iter()
-        .filter(|_| rng.next() % 4 == 0)
+        .filter(|_| rng.next().is_multiple_of(4))
         .cloned()
         .collect();
     for (id, key, seq, value) in redelivered.iter().chain(events.iter()) {
