@@ -1001,7 +1001,11 @@ fn exit_codes_name_failures_and_usage_errors() {
     assert!(stderr.contains("no checkpoint"), "{stderr}");
     let digest = ok(&["digest", "--store", s(&store)]);
     assert!(ok(&["compact", "--store", s(&store)]).starts_with("compacted 1 segments"));
-    assert_eq!(ok(&["digest", "--store", s(&store)]), digest, "compaction keeps the state");
+    assert_eq!(
+        ok(&["digest", "--store", s(&store)]),
+        digest,
+        "compaction keeps the state"
+    );
     assert!(ok(&["verify", "--store", s(&store)]).starts_with("ok"));
     let stats: Value =
         serde_json::from_str(ok(&["stats", "--store", s(&store), "--json"]).trim()).expect("json");
