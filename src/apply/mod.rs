@@ -18,6 +18,8 @@ pub(crate) trait StateView {
     fn key(&self, key: &[u8]) -> Option<KeyEntry>;
     /// A stored value's bytes (checksum verified).
     fn read_value(&self, value: ValueRef) -> Result<Bytes>;
+    /// Whether a stored value equals `candidate`.
+    fn value_equals(&self, value: ValueRef, candidate: &[u8]) -> Result<bool>;
     /// The payload hash recorded for a seen event id.
     fn seen(&self, id_hash: u128) -> Option<u64>;
     /// The seq at or below which a new-looking `Add` on `key` is `too_late`.

@@ -216,7 +216,11 @@ impl<'b, V: StateView> Planner<'b, '_, V> {
                     self.write(key, seq, WriteSource::Put(ValueSource::Bytes(value)));
                 }
                 Some(v) => {
-                    if self.value_bytes(v)?.as_bytes() == &value[..] {
+                    let is_same = match v {
+                        Value::Stored(stored) => self.view.value_equals(stored, value)?,
+                        Value::Planned(_) => self.value_bytes(v)?.as_bytes() == &value[..],
+                    };
+                    if is_same {
                         self.plan.report.unchanged += 1;
                         self.bump(key, seq);
                     } else {

@@ -98,8 +98,8 @@ impl SegmentMaps {
         Ok(m.map.clone())
     }
 
-    /// Reads a value and checks its CRC. Corrupt bytes are never returned.
-    pub(crate) fn read(&self, value: ValueRef) -> Result<Bytes> {
+    /// The stored CRC and bytes of a value, unchecked, within the map that holds them.
+    fn raw(&self, value: ValueRef) -> Result<(u32, Bytes, std::ops::Range<usize>)> {
         let at = value.offset as usize;
         let start = at.checked_sub(4).ok_or_else(|| {
             corruption(
@@ -110,21 +110,82 @@ impl SegmentMaps {
         })?;
         let end = at + value.len as usize;
         let map = self.map_covering(value.segment, end)?;
-        let (Some(crc), Some(bytes)) = (map.get(start..at), map.get(at..end)) else {
-            return Err(corruption(
-                value.segment,
-                u64::from(value.offset),
-                "value beyond the end of its segment",
-            ));
-        };
-        let crc = u32::from_le_bytes(crc.try_into().expect("four bytes"));
+        let crc = map
+            .get(start..at)
+            .and_then(|b| <[u8; 4]>::try_from(b).ok())
+            .map(u32::from_le_bytes)
+            .ok_or_else(|| {
+                corruption(
+                    value.segment,
+                    u64::from(value.offset),
+                    "value beyond the end of its segment",
+                )
+            })?;
+        Ok((crc, map, at..end))
+    }
+
+    /// Reads a value and checks its CRC. Corrupt bytes are never returned.
+    pub(crate) fn read(&self, value: ValueRef) -> Result<Bytes> {
+        let (crc, map, range) = self.raw(value)?;
+        let bytes = map.get(range.clone()).unwrap_or_default();
         if crc32fast::hash(bytes) != crc {
             return Err(corruption(
                 value.segment,
-                start as u64,
+                range.start as u64 - 4,
                 "value checksum mismatch",
             ));
         }
-        Ok(map.slice(at..end))
+        Ok(map.slice(range))
+    }
+
+    /// Whether the stored value equals `candidate`. Cheaper than `read`:
+    /// lengths, then the stored CRC against the candidate's, then the bytes.
+    /// Equal bytes under a matching CRC are themselves verified, and a
+    /// damaged value only ever compares unequal.
+    pub(crate) fn equals(&self, value: ValueRef, candidate: &[u8]) -> Result<bool> {
+        if value.len as usize != candidate.len() {
+            return Ok(false);
+        }
+        let (crc, map, range) = self.raw(value)?;
+        Ok(crc == crc32fast::hash(candidate) && map.get(range) == Some(candidate))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::{OpenMode, Storage};
+
+    #[test]
+    fn equals_compares_without_trusting_damaged_bytes() {
+        let storage = crate::storage::OsStorage;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v");
+        let file = storage.open(&path, OpenMode::CreateNew).unwrap();
+        let mut bytes = vec![0u8; 8];
+        bytes.extend_from_slice(&crc32fast::hash(b"hello").to_le_bytes());
+        bytes.extend_from_slice(b"hello");
+        file.append(&bytes).unwrap();
+        let maps = SegmentMaps::new(0);
+        maps.insert(1, Arc::clone(&file), file.map(0).unwrap());
+        let v = ValueRef {
+            segment: 1,
+            offset: 12,
+            len: 5,
+        };
+        assert!(maps.equals(v, b"hello").unwrap());
+        assert!(!maps.equals(v, b"hellO").unwrap());
+        assert!(!maps.equals(v, b"hell").unwrap());
+        assert_eq!(&maps.read(v).unwrap()[..], b"hello");
+
+        // Damage the stored bytes: equals says no, read refuses.
+        let damaged = dir.path().join("w");
+        let file = storage.open(&damaged, OpenMode::CreateNew).unwrap();
+        bytes[13] ^= 1;
+        file.append(&bytes).unwrap();
+        maps.insert(2, Arc::clone(&file), file.map(0).unwrap());
+        let w = ValueRef { segment: 2, ..v };
+        assert!(!maps.equals(w, b"hello").unwrap());
+        assert!(matches!(maps.read(w), Err(Error::Corruption { .. })));
     }
 }

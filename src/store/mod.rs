@@ -426,6 +426,10 @@ impl StateView for PlanView<'_> {
         self.maps.read(value)
     }
 
+    fn value_equals(&self, value: ValueRef, candidate: &[u8]) -> Result<bool> {
+        self.maps.equals(value, candidate)
+    }
+
     fn seen(&self, id_hash: u128) -> Option<u64> {
         match self.pending.seen.get(id_hash) {
             Some(_) => self.pending.seen.get_live(id_hash, self.now_ms),
