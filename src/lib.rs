@@ -41,6 +41,9 @@ mod store;
 
 #[cfg(feature = "cli")]
 pub mod cli;
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub mod internals;
 
 pub use batch::{Batch, BatchReport, Delivery, Op, QuarantineEntry};
 pub use clock::{Clock, ManualClock, SystemClock};

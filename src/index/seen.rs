@@ -298,6 +298,7 @@ impl SeenIndex {
 
     /// Checks the invariants in the module doc (O(n): tests and debug builds).
     #[expect(clippy::indexing_slicing, reason = "windows(2) yields slices of two")]
+    #[cfg(any(test, debug_assertions))]
     pub(crate) fn check_invariants(&self) {
         assert!(
             self.run.windows(2).all(|w| w[0].id < w[1].id),

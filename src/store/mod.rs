@@ -88,17 +88,39 @@ struct OpenReport {
     snapshot: recovery::SnapshotUse,
 }
 
+/// How long `open` keeps trying a held lock before it answers `Locked`.
+///
+/// The lock is an `flock`, held by an open file description. A process that
+/// forks (to start any child) shares its descriptions with the child until
+/// the child execs, so a store closed just then stays locked for that
+/// instant. A short wait hides that window; a real second writer is refused
+/// after it.
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(250);
+
 fn lock_dir(storage: &dyn Storage, dir: &Path) -> Result<Box<dyn Any + Send + Sync>> {
     storage
         .create_dir_all(dir)
         .map_err(|e| Error::io("create directory", dir, e))?;
     let path = dir.join(LOCK_FILE);
-    storage.lock(&path).map_err(|e| match e.kind() {
-        io::ErrorKind::WouldBlock => Error::Locked {
-            dir: dir.to_owned(),
-        },
-        _ => Error::io("lock", &path, e),
-    })
+    let started = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_millis(1);
+    loop {
+        match storage.lock(&path) {
+            Ok(guard) => return Ok(guard),
+            Err(e)
+                if e.kind() == io::ErrorKind::WouldBlock && started.elapsed() < LOCK_PATIENCE =>
+            {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(std::time::Duration::from_millis(50));
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                return Err(Error::Locked {
+                    dir: dir.to_owned(),
+                });
+            }
+            Err(e) => return Err(Error::io("lock", &path, e)),
+        }
+    }
 }
 
 /// Margin mapped past a segment's size limit, so that a record that starts

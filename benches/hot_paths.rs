@@ -1,0 +1,202 @@
+//! Microbenchmarks of each hot path: record encoding, append + sync,
+//! `apply_batch` by batch size and duplicate ratio, seen-index lookup, `get`,
+//! replay on open, and compaction.
+//!
+//! `cargo bench --features testing --bench hot_paths` (add `-- <filter>` for one group).
+
+use std::hint::black_box;
+
+use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use idemkv::internals::{SeenIndex, encode_batch_record};
+use idemkv::{Batch, Durability, Options, Store};
+use xxhash_rust::xxh3::xxh3_128;
+
+const VALUE: &str = r#"{"qty":2,"amount_cents":1998,"sku":"SKU-001234","note":"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}"#;
+
+/// A batch of `n` puts over `keys` keys, starting at event `first`; a
+/// `duplicate_pct` share of its deliveries repeat events of the previous batch.
+fn batch(id: u64, first: u64, n: u64, keys: u64, duplicate_pct: u64) -> Batch {
+    let mut b = Batch::new(format!("B{id:08}"));
+    for i in 0..n {
+        let e = if i * 100 < n * duplicate_pct {
+            first.saturating_sub(n) + i
+        } else {
+            first + i
+        };
+        b = b.put(format!("e{e:010}"), format!("O{:07}/1", e % keys), e, VALUE);
+    }
+    b
+}
+
+fn buffered() -> Options {
+    Options::default().durability(Durability::Buffered)
+}
+
+fn encode(c: &mut Criterion) {
+    let b = batch(1, 0, 1000, 200_000, 0);
+    let mut buf = Vec::new();
+    let mut g = c.benchmark_group("encode");
+    g.throughput(Throughput::Elements(1000));
+    g.bench_function("record_1000_puts", |bench| {
+        bench.iter(|| encode_batch_record(&mut buf, black_box(&b)))
+    });
+    g.finish();
+}
+
+fn append_sync(c: &mut Criterion) {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let store = Store::open(dir.path(), Options::default()).unwrap();
+    let mut n = 0u64;
+    let mut g = c.benchmark_group("append_sync");
+    g.throughput(Throughput::Elements(10));
+    g.bench_function("batch_of_10", |bench| {
+        bench.iter(|| {
+            n += 1;
+            store
+                .apply_batch(&batch(n, n * 10, 10, 1_000_000, 0))
+                .unwrap()
+        })
+    });
+    g.finish();
+}
+
+fn apply(c: &mut Criterion) {
+    let mut g = c.benchmark_group("apply_batch");
+    for size in [10u64, 100, 1000] {
+        for duplicate_pct in [0u64, 50, 90] {
+            let dir = tempfile::tempdir_in(".").unwrap();
+            let store = Store::open(dir.path(), buffered()).unwrap();
+            let mut id = 0u64;
+            g.throughput(Throughput::Elements(size));
+            g.bench_with_input(
+                BenchmarkId::new(format!("size_{size}"), format!("dup_{duplicate_pct}")),
+                &size,
+                |bench, &size| {
+                    bench.iter_batched(
+                        || {
+                            id += 1;
+                            batch(id, id * size, size, 200_000, duplicate_pct)
+                        },
+                        |b| store.apply_batch(&b).unwrap(),
+                        BatchSize::SmallInput,
+                    )
+                },
+            );
+        }
+    }
+    g.finish();
+}
+
+fn seen_lookup(c: &mut Criterion) {
+    let mut seen = SeenIndex::new();
+    for i in 0..1_000_000u64 {
+        seen.insert(xxh3_128(&i.to_le_bytes()), i);
+    }
+    let mut g = c.benchmark_group("seen_lookup");
+    g.throughput(Throughput::Elements(1000));
+    g.bench_function("hit_1000_of_1m", |bench| {
+        bench.iter(|| {
+            (0..1000u64)
+                .filter(|i| seen.get(xxh3_128(&(i * 997).to_le_bytes())).is_some())
+                .count()
+        })
+    });
+    g.bench_function("miss_1000_of_1m", |bench| {
+        bench.iter(|| {
+            (0..1000u64)
+                .filter(|i| seen.get(xxh3_128(&(i + 2_000_000).to_le_bytes())).is_some())
+                .count()
+        })
+    });
+    g.finish();
+}
+
+/// A store holding `batches` batches of 1000 puts over 100,000 keys.
+fn filled(batches: u64) -> tempfile::TempDir {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let store = Store::open(dir.path(), buffered()).unwrap();
+    for id in 0..batches {
+        store
+            .apply_batch(&batch(id, id * 1000, 1000, 100_000, 0))
+            .unwrap();
+    }
+    store.close().unwrap();
+    dir
+}
+
+fn get(c: &mut Criterion) {
+    let dir = filled(200);
+    let store = Store::open(dir.path(), buffered()).unwrap();
+    let mut g = c.benchmark_group("get");
+    g.throughput(Throughput::Elements(1000));
+    g.bench_function("1000_random_of_100k", |bench| {
+        bench.iter(|| {
+            (0..1000u64)
+                .filter(|i| {
+                    store
+                        .get(format!("O{:07}/1", i * 97 % 100_000))
+                        .unwrap()
+                        .is_some()
+                })
+                .count()
+        })
+    });
+    g.finish();
+}
+
+fn replay(c: &mut Criterion) {
+    let dir = filled(200);
+    let mut g = c.benchmark_group("open");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements(200_000));
+    g.bench_function("full_replay_200k_deliveries", |bench| {
+        bench.iter(|| {
+            let _ = std::fs::remove_file(dir.path().join("SNAPSHOT"));
+            let store = Store::open(dir.path(), buffered()).unwrap();
+            assert!(!store.stats().opened_from_snapshot);
+            // Dropping writes a snapshot again; the next iteration removes it.
+            drop(store);
+        })
+    });
+    g.bench_function("from_snapshot_200k_deliveries", |bench| {
+        Store::open(dir.path(), buffered())
+            .unwrap()
+            .close()
+            .unwrap();
+        bench.iter(|| {
+            let store = Store::open(dir.path(), buffered()).unwrap();
+            assert!(store.stats().opened_from_snapshot);
+        })
+    });
+    g.finish();
+}
+
+fn compaction(c: &mut Criterion) {
+    let mut g = c.benchmark_group("compact");
+    g.sample_size(10);
+    g.bench_function("200_batches_of_1000_over_100k_keys", |bench| {
+        bench.iter_batched(
+            || filled(200),
+            |dir| {
+                Store::open(dir.path(), buffered())
+                    .unwrap()
+                    .compact()
+                    .unwrap()
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    encode,
+    append_sync,
+    apply,
+    seen_lookup,
+    get,
+    replay,
+    compaction
+);
+criterion_main!(benches);
