@@ -35,6 +35,8 @@ struct State {
     durable: u64,
     is_syncing: bool,
     poisoned: Option<String>,
+    /// Commit syncs run since open (each may cover many callers' batches).
+    syncs: u64,
 }
 
 #[derive(Debug, Default)]
@@ -62,6 +64,11 @@ impl GroupCommit {
     /// Everything before this position is durable.
     pub(crate) fn durable_lsn(&self) -> u64 {
         self.state.lock().durable
+    }
+
+    /// Commit syncs run since open.
+    pub(crate) fn syncs(&self) -> u64 {
+        self.state.lock().syncs
     }
 
     /// The newest position written.
@@ -121,7 +128,10 @@ impl GroupCommit {
             });
             s.is_syncing = false;
             match synced {
-                Ok(()) => s.durable = s.durable.max(target),
+                Ok(()) => {
+                    s.durable = s.durable.max(target);
+                    s.syncs += 1;
+                }
                 Err(e) => {
                     s.poisoned.get_or_insert(format!("sync failed: {e}"));
                 }

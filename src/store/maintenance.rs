@@ -34,7 +34,7 @@ impl Store {
         let _maintenance = self.maintenance.lock();
         let started = Instant::now();
         let storage = self.options.storage.as_ref();
-        let bytes_before = self.maps.disk_bytes().0;
+        let bytes_before = self.maps.disk_bytes().0 + self.snapshot_bytes();
 
         // Cut: seal the active segment; everything before it is compacted.
         let cut_started = Instant::now();
@@ -136,7 +136,7 @@ impl Store {
             segments_replaced: rewritten.replaced_segments.len() as u64,
             dead_bytes: rewritten.replaced_bytes.saturating_sub(base_bytes),
             bytes_before,
-            bytes_after: self.maps.disk_bytes().0,
+            bytes_after: self.maps.disk_bytes().0 + self.snapshot_bytes(),
             pause,
             duration: started.elapsed(),
         })
@@ -210,6 +210,16 @@ impl Store {
             .rename(&tmp, &path)
             .map_err(|e| Error::io("rename", &tmp, e))?;
         self.sync_dir()
+    }
+
+    /// Bytes of the snapshot file, if there is one.
+    pub(super) fn snapshot_bytes(&self) -> u64 {
+        let path = self.dir.join(SNAPSHOT_FILE);
+        self.options
+            .storage
+            .open(&path, crate::storage::OpenMode::Read)
+            .and_then(|f| f.len())
+            .unwrap_or(0)
     }
 
     fn remove_snapshot(&self) -> Result<()> {

@@ -331,7 +331,8 @@ impl Store {
 
     /// Counts, sizes on disk and index memory.
     pub fn stats(&self) -> Stats {
-        let (disk_bytes, segments) = self.maps.disk_bytes();
+        let (segment_bytes, segments) = self.maps.disk_bytes();
+        let disk_bytes = segment_bytes + self.snapshot_bytes();
         let index = self.index.read();
         Stats {
             live_keys: index.keys.live_count(),
@@ -342,6 +343,7 @@ impl Store {
             quarantined: index.quarantine.len() as u64,
             segments,
             disk_bytes,
+            syncs: self.commit.syncs(),
             index_bytes: IndexBytes {
                 keys: index.keys.memory_bytes(),
                 seen: index.seen.memory_bytes(),

@@ -45,8 +45,10 @@ pub struct Stats {
     pub checkpoints: u64,
     pub quarantined: u64,
     pub segments: u64,
-    /// Bytes of all segment files.
+    /// Bytes of all segment files and the snapshot.
     pub disk_bytes: u64,
+    /// Commit syncs since open; concurrent callers share them (group commit).
+    pub syncs: u64,
     pub index_bytes: IndexBytes,
     /// Bytes of a torn final record that `open` discarded.
     pub torn_bytes_discarded: u64,
