@@ -102,6 +102,8 @@ pub(crate) struct Walk {
     pub segments: Vec<WalkedSegment>,
     /// Records read (snapshot and skipped segments not included).
     pub records: u64,
+    /// Bytes of log records replayed: what a snapshot now would spare the next open.
+    pub log_bytes: u64,
     pub problem: Option<Problem>,
 }
 
@@ -168,6 +170,7 @@ fn walk(opened: Vec<Opened>, index: &mut Index, start: Option<(u32, u64)>) -> Wa
     let mut walk = Walk {
         segments: Vec::new(),
         records: 0,
+        log_bytes: 0,
         problem: None,
     };
     let count = opened.len();
@@ -192,6 +195,7 @@ fn walk(opened: Vec<Opened>, index: &mut Index, start: Option<(u32, u64)>) -> Wa
             file: o.file,
             valid_len: file_len,
         };
+        let mut from = SEGMENT_HEADER_LEN as u64;
         let result = match o.kind {
             Err(reason) => Err(Problem {
                 is_tail: is_last && file_len <= SEGMENT_HEADER_LEN as u64,
@@ -207,15 +211,18 @@ fn walk(opened: Vec<Opened>, index: &mut Index, start: Option<(u32, u64)>) -> Wa
             }
             Ok(kind) => match start {
                 Some((s, _)) if o.id < s || (kind == FileKind::Base && o.id == s) => Ok(file_len),
-                Some((s, offset)) if o.id == s => replay(
-                    &o.map,
-                    o.id,
-                    kind,
-                    offset as usize,
-                    is_last,
-                    index,
-                    &mut walk.records,
-                ),
+                Some((s, offset)) if o.id == s => {
+                    from = offset;
+                    replay(
+                        &o.map,
+                        o.id,
+                        kind,
+                        offset as usize,
+                        is_last,
+                        index,
+                        &mut walk.records,
+                    )
+                }
                 _ => replay(
                     &o.map,
                     o.id,
@@ -227,6 +234,11 @@ fn walk(opened: Vec<Opened>, index: &mut Index, start: Option<(u32, u64)>) -> Wa
                 ),
             },
         };
+        if o.kind == Ok(FileKind::Log)
+            && let Ok(end) = result
+        {
+            walk.log_bytes += end.saturating_sub(from);
+        }
         match result {
             Ok(valid_len) => segment.valid_len = valid_len,
             Err(problem) => {

@@ -19,7 +19,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::error::{Error, Result};
-use crate::format::segment::{FileKind, SEGMENT_HEADER_LEN};
+use crate::format::segment::FileKind;
 use crate::format::state::StateEnd;
 use crate::index::expiry::Ttls;
 use crate::index::{Index, Purged};
@@ -118,6 +118,3 @@ pub(crate) fn rewrite(
         replaced_segments: replaced.into_iter().map(|(id, _)| id).collect(),
     })
 }
-
-/// The first offset after a segment header: where a cut segment's records start.
-pub(crate) const CUT_OFFSET: u64 = SEGMENT_HEADER_LEN as u64;

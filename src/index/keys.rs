@@ -1,9 +1,62 @@
-//! Key -> (seq, live value location or tombstone).
+//! Key -> (seq, live value location or tombstone), in key order.
+//!
+//! Memory is the constraint: at most 48 bytes plus the key's own bytes per
+//! key held, live or tombstone (DESIGN.md, "Index memory"). `get` and `set`
+//! run for every delivery, so they take one hash probe. The index makes no
+//! allocation per key:
+//!
+//! - The **arena** holds one *record* per key, back to back in chunks of
+//!   256 KiB: the seq, the value location or tombstone time, the key's length
+//!   and the key's bytes, 22 bytes plus the key, padded to 4. A record's
+//!   *address* is a `u32` counted in 4-byte units (so at most 16 GiB of
+//!   records). A record never straddles two chunks, and never moves until a
+//!   purge rebuilds the arena.
+//! - The **table** is a `hashbrown::HashTable<u32>` of addresses, hashed by
+//!   key with xxh3 and a random seed per index: 4 bytes and one control byte
+//!   per bucket. A lookup compares keys only in the records it lands on,
+//!   usually one.
+//! - Key order is kept in three sorted lists of addresses: the **run** (the
+//!   oldest records), the **mid** (newer) and the **tail** (the newest, at
+//!   most 512). A new key is inserted into the tail by binary search. A tail
+//!   that outgrows 512 merges into the mid, and a mid that outgrows
+//!   `max(1024, run / 32)` merges into the run: in place from the back, so
+//!   that each old entry moves once, after finding every new entry's place
+//!   by binary searches run eight at a time so that their cache misses
+//!   overlap. `range_prefix` binary-searches the three lists and merges the
+//!   stretches that match.
+//!
+//! Per key that is 22 + padding (record header) + 4 (run) + 5.7 to 11.4 (the
+//! table, whose power-of-two bucket count is between 8/7 and 16/7 of its
+//! length) bytes, plus at most one partly used chunk in all and under a byte
+//! for the mid. Chunks grow by doubling up to their full size and are never
+//! copied after that. The table doubles by being rebuilt in address order,
+//! which reads the arena sequentially; its own resize would read it in
+//! bucket order.
+//!
+//! Why records rather than an array of fixed-size slots beside the key
+//! bytes: a slot needs the key's location (8 bytes more per key) and a
+//! second cache miss per key comparison, and comparisons are what lookups
+//! and merges pay for. Why three levels: with two (the run and an unsorted
+//! recent set), a prefix scan must pass over all recent keys, a share of
+//! the whole index.
+//!
+//! A purge that drops anything rebuilds the arena in key order (so that
+//! scans then read it sequentially), the run from it, and the table at its
+//! smallest size; old and new arenas exist side by side meanwhile.
+//!
+//! Invariants: keys are unique; the table holds each record's address once,
+//! under its key's hash; addresses grow with insertion; every record is in
+//! exactly one of the run, the mid and the tail, each sorted by key; the tail
+//! holds at most 512 records; `live` counts the live records.
 
-use std::collections::BTreeMap;
-use std::ops::Bound;
+use std::fmt;
+use std::hash::BuildHasher;
+
+use hashbrown::HashTable;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::expiry::{is_expired, secs_to_ms};
+use crate::format::ID_BYTES_MAX;
 use crate::log::segments::ValueRef;
 
 /// A key's current version and what it holds.
@@ -39,34 +92,324 @@ impl KeyEntry {
     }
 }
 
+// A record, all little-endian:
+//
+// | offset | size | field                                               |
+// |--------|------|-----------------------------------------------------|
+// | 0      | 8    | seq                                                 |
+// | 8      | 12   | live: segment, offset, len; tombstone: second, 0, 0 |
+// | 20     | 2    | key length << 1, plus 1 for a tombstone             |
+// | 22     | len  | key                                                 |
+//
+// then zero to three bytes of padding to a multiple of `UNIT_BYTES`.
+const SEQ_AT: usize = 0;
+const STATE_AT: usize = SEQ_AT + 8;
+const KEY_WORD_AT: usize = STATE_AT + 12;
+const KEY_AT: usize = KEY_WORD_AT + 2;
+/// Records start at multiples of this; addresses count these units.
+const UNIT_BYTES: usize = 4;
+const _: () = assert!(ID_BYTES_MAX < 1 << 15, "key length fits beside the flag");
+
+fn record_bytes(key_len: usize) -> usize {
+    (KEY_AT + key_len).next_multiple_of(UNIT_BYTES)
+}
+
+/// Sizes that shape the index. Tests shrink them to reach every chunk and
+/// merge boundary with a few keys.
+#[derive(Debug, Clone, Copy)]
+struct Geometry {
+    /// Bytes per arena chunk: `1 << chunk_bits`, room for the longest record.
+    chunk_bits: u32,
+    /// The tail merges into the mid once it holds more records than this.
+    tail_max: usize,
+    /// The mid merges into the run once it holds more than
+    /// `max(mid_min, run / RUN_PER_MID)`.
+    mid_min: usize,
+}
+
+const RUN_PER_MID: usize = 32;
+
+impl Geometry {
+    const DEFAULT: Self = Self {
+        chunk_bits: 18,
+        tail_max: 512,
+        mid_min: 1024,
+    };
+}
+
+fn le<const N: usize>(bytes: &[u8], at: usize) -> [u8; N] {
+    bytes
+        .get(at..at + N)
+        .and_then(|b| b.try_into().ok())
+        .expect("a record field lies inside its chunk")
+}
+
+/// The records, back to back in chunks of at most `1 << bits` bytes. An
+/// address is the chunk's number << (`bits` - 2) | the offset in the chunk
+/// in 4-byte units.
+#[derive(Debug)]
+struct Arena {
+    chunks: Vec<Vec<u8>>,
+    bits: u32,
+}
+
+impl Arena {
+    fn new(bits: u32) -> Self {
+        assert!(
+            1usize << bits >= record_bytes(ID_BYTES_MAX),
+            "arena chunks of 2^{bits} bytes cannot hold a key of {ID_BYTES_MAX}"
+        );
+        assert!(bits < 32, "arena chunks of 2^{bits} bytes");
+        Self {
+            chunks: Vec::new(),
+            bits,
+        }
+    }
+
+    fn unit_bits(&self) -> u32 {
+        self.bits - UNIT_BYTES.trailing_zeros()
+    }
+
+    /// The chunk and byte offset of an address.
+    fn locate(&self, address: u32) -> (usize, usize) {
+        let chunk = (address >> self.unit_bits()) as usize;
+        let unit = (address & ((1 << self.unit_bits()) - 1)) as usize;
+        (chunk, unit * UNIT_BYTES)
+    }
+
+    /// The address of a byte offset in a chunk, `None` past the last
+    /// address a `u32` can hold.
+    fn address(&self, chunk: usize, at: usize) -> Option<u32> {
+        let units = u64::try_from(chunk).ok()? << self.unit_bits();
+        u32::try_from(units | (at / UNIT_BYTES) as u64).ok()
+    }
+
+    /// A record's bytes, padding excluded.
+    fn record(&self, address: u32) -> &[u8] {
+        let (chunk, at) = self.locate(address);
+        let chunk = self.chunks.get(chunk).expect("a record's chunk exists");
+        let len = usize::from(u16::from_le_bytes(le(chunk, at + KEY_WORD_AT)) >> 1);
+        chunk
+            .get(at..at + KEY_AT + len)
+            .expect("a record lies inside its chunk")
+    }
+
+    fn key(&self, address: u32) -> &[u8] {
+        record_key(self.record(address))
+    }
+
+    fn entry(&self, address: u32) -> KeyEntry {
+        decode_entry(self.record(address))
+    }
+
+    /// Overwrites a record's entry; returns whether it was live.
+    fn set_entry(&mut self, address: u32, entry: KeyEntry) -> bool {
+        let (chunk, at) = self.locate(address);
+        let header = self
+            .chunks
+            .get_mut(chunk)
+            .and_then(|c| c.get_mut(at..at + KEY_AT))
+            .expect("a record lies inside its chunk");
+        let key_word = u16::from_le_bytes(le(header, KEY_WORD_AT));
+        let was_live = key_word & 1 == 0;
+        header.copy_from_slice(&encode_header(entry, usize::from(key_word >> 1)));
+        was_live
+    }
+
+    /// Appends a record; returns its address. A record that does not fit in
+    /// the last chunk starts a new one; the last chunk doubles up to its
+    /// full size, so that small indexes stay small.
+    fn push(&mut self, header: &[u8; KEY_AT], key: &[u8]) -> u32 {
+        let chunk_bytes = 1usize << self.bits;
+        let len = record_bytes(key.len());
+        if self
+            .chunks
+            .last()
+            .is_none_or(|c| c.len() + len > chunk_bytes)
+        {
+            self.chunks.push(Vec::new());
+        }
+        let number = self.chunks.len() - 1;
+        let chunk_at = self.chunks.last().map_or(0, Vec::len);
+        let address = self.address(number, chunk_at).unwrap_or_else(|| {
+            panic!("key arena full: {number} chunks of {chunk_bytes} bytes fill 2^32 addresses")
+        });
+        let chunk = self.chunks.last_mut().expect("a chunk with room exists");
+        let at = chunk.len();
+        if at + len > chunk.capacity() {
+            let target = (chunk.capacity() * 2)
+                .max(at + len)
+                .max(64)
+                .min(chunk_bytes);
+            chunk.reserve_exact(target - at);
+        }
+        chunk.extend_from_slice(header);
+        chunk.extend_from_slice(key);
+        chunk.resize(at + len, 0);
+        address
+    }
+
+    /// Every record's address, in address order (which is insertion order).
+    fn records(&self) -> impl Iterator<Item = u32> + '_ {
+        let (mut chunk, mut at) = (0, 0);
+        std::iter::from_fn(move || {
+            loop {
+                let c = self.chunks.get(chunk)?;
+                if at < c.len() {
+                    let address = self.address(chunk, at)?;
+                    let len = u16::from_le_bytes(le(c, at + KEY_WORD_AT)) >> 1;
+                    at += record_bytes(usize::from(len));
+                    return Some(address);
+                }
+                (chunk, at) = (chunk + 1, 0);
+            }
+        })
+    }
+
+    fn memory_bytes(&self) -> usize {
+        let bytes: usize = self.chunks.iter().map(Vec::capacity).sum();
+        bytes + self.chunks.capacity() * std::mem::size_of::<Vec<u8>>()
+    }
+}
+
+fn encode_header(entry: KeyEntry, key_len: usize) -> [u8; KEY_AT] {
+    let (state, tombstone) = match entry.state {
+        KeyState::Live(v) => ([v.segment, v.offset, v.len], 0),
+        KeyState::Deleted { at_secs } => ([at_secs, 0, 0], 1),
+    };
+    let key_word = u16::try_from((key_len << 1) | tombstone).expect("key length fits in 15 bits");
+    let mut header = [0; KEY_AT];
+    let fields = entry
+        .seq
+        .to_le_bytes()
+        .into_iter()
+        .chain(state.iter().flat_map(|w| w.to_le_bytes()))
+        .chain(key_word.to_le_bytes());
+    for (b, f) in header.iter_mut().zip(fields) {
+        *b = f;
+    }
+    header
+}
+
+fn decode_entry(record: &[u8]) -> KeyEntry {
+    let seq = u64::from_le_bytes(le(record, SEQ_AT));
+    let word = |i: usize| u32::from_le_bytes(le(record, STATE_AT + 4 * i));
+    let tombstone = u16::from_le_bytes(le(record, KEY_WORD_AT)) & 1 == 1;
+    let state = if tombstone {
+        KeyState::Deleted { at_secs: word(0) }
+    } else {
+        KeyState::Live(ValueRef {
+            segment: word(0),
+            offset: word(1),
+            len: word(2),
+        })
+    };
+    KeyEntry { seq, state }
+}
+
+fn hash_key(seed: u64, key: &[u8]) -> u64 {
+    xxh3_64_with_seed(key, seed)
+}
+
 /// Ordered map of keys, with running counts for stats.
-#[derive(Debug, Default)]
 pub(crate) struct KeyIndex {
-    map: BTreeMap<Box<[u8]>, KeyEntry>,
+    /// Seeds the key hash, so that a source cannot aim keys at one bucket.
+    seed: u64,
+    geometry: Geometry,
+    arena: Arena,
+    table: HashTable<u32>,
+    /// The oldest records, in key order.
+    run: Vec<u32>,
+    /// Newer records, in key order.
+    mid: Vec<u32>,
+    /// The newest records, in key order.
+    tail: Vec<u32>,
     live: u64,
-    key_bytes: u64,
+}
+
+impl Default for KeyIndex {
+    fn default() -> Self {
+        Self::with_geometry(Geometry::DEFAULT)
+    }
+}
+
+impl fmt::Debug for KeyIndex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyIndex")
+            .field("live", &self.live_count())
+            .field("tombstones", &self.tombstone_count())
+            .field("run", &self.run.len())
+            .field("mid", &self.mid.len())
+            .field("tail", &self.tail.len())
+            .field("memory_bytes", &self.memory_bytes())
+            .finish_non_exhaustive()
+    }
 }
 
 impl KeyIndex {
+    fn with_geometry(geometry: Geometry) -> Self {
+        Self {
+            seed: std::collections::hash_map::RandomState::new().hash_one(0u64),
+            geometry,
+            arena: Arena::new(geometry.chunk_bits),
+            table: HashTable::new(),
+            run: Vec::new(),
+            mid: Vec::new(),
+            tail: Vec::new(),
+            live: 0,
+        }
+    }
+
+    fn find(&self, key: &[u8]) -> Option<u32> {
+        let arena = &self.arena;
+        self.table
+            .find(hash_key(self.seed, key), |&a| arena.key(a) == key)
+            .copied()
+    }
+
     pub(crate) fn get(&self, key: &[u8]) -> Option<KeyEntry> {
-        self.map.get(key).copied()
+        self.find(key).map(|a| self.arena.entry(a))
     }
 
     /// Sets a key's entry.
     pub(crate) fn set(&mut self, key: &[u8], entry: KeyEntry) {
-        let old = match self.map.get_mut(key) {
-            Some(slot) => Some(std::mem::replace(slot, entry)),
+        let hash = hash_key(self.seed, key);
+        let arena = &self.arena;
+        let found = self.table.find(hash, |&a| arena.key(a) == key).copied();
+        let was_live = match found {
+            Some(a) => self.arena.set_entry(a, entry),
             None => {
-                self.key_bytes += key.len() as u64;
-                self.map.insert(key.into(), entry);
-                None
+                self.insert(hash, key, entry);
+                false
             }
         };
-        let was_live = old.is_some_and(|o| o.value().is_some());
         match (was_live, entry.value().is_some()) {
             (false, true) => self.live += 1,
             (true, false) => self.live -= 1,
             _ => {}
+        }
+    }
+
+    fn insert(&mut self, hash: u64, key: &[u8], entry: KeyEntry) {
+        assert!(
+            key.len() <= ID_BYTES_MAX,
+            "key of {} bytes exceeds {ID_BYTES_MAX}",
+            key.len()
+        );
+        if self.table.len() == self.table.capacity() {
+            self.rebuild_table(self.table.capacity() + 1);
+        }
+        let a = self.arena.push(&encode_header(entry, key.len()), key);
+        let (seed, arena) = (self.seed, &self.arena);
+        self.table
+            .insert_unique(hash, a, |&b| hash_key(seed, arena.key(b)));
+        let at = self.tail.partition_point(|&b| arena.key(b) < key);
+        self.tail.insert(at, a);
+        if self.tail.len() > self.geometry.tail_max {
+            self.merge_tail();
+            if self.mid.len() > self.geometry.mid_min.max(self.run.len() / RUN_PER_MID) {
+                self.merge_mid();
+            }
         }
     }
 
@@ -75,20 +418,46 @@ impl KeyIndex {
         &'a self,
         prefix: &'a [u8],
     ) -> impl Iterator<Item = (&'a [u8], KeyEntry)> + 'a {
-        self.map
-            .range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
-            .take_while(move |(k, _)| k.starts_with(prefix))
-            .map(|(k, e)| (&k[..], *e))
+        self.records_with(prefix)
+            .map(|record| (record_key(record), decode_entry(record)))
+    }
+
+    /// The records whose key starts with `prefix`, in key order: the
+    /// matching stretches of the run, the mid and the tail, merged.
+    fn records_with<'a>(&'a self, prefix: &'a [u8]) -> impl Iterator<Item = &'a [u8]> + 'a {
+        let arena = &self.arena;
+        let mut levels = [&self.run, &self.mid, &self.tail].map(|sorted| {
+            let start = sorted.partition_point(|&a| arena.key(a) < prefix);
+            let mut level = Level {
+                rest: sorted.get(start..).unwrap_or_default().iter(),
+                head: None,
+            };
+            level.advance(arena, prefix);
+            level
+        });
+        std::iter::from_fn(move || {
+            let level = levels
+                .iter_mut()
+                .filter(|l| l.head.is_some())
+                .min_by(|a, b| a.head.map(record_key).cmp(&b.head.map(record_key)))?;
+            let record = level.head;
+            level.advance(arena, prefix);
+            record
+        })
     }
 
     /// Moves live values: for each live key in key order, `to` returns the
     /// value's new location, or `None` to leave it.
     pub(crate) fn relocate(&mut self, mut to: impl FnMut(&[u8], ValueRef) -> Option<ValueRef>) {
-        for (key, entry) in &mut self.map {
+        self.merge_tail();
+        self.merge_mid();
+        for &a in &self.run {
+            let entry = self.arena.entry(a);
             if let KeyState::Live(v) = entry.state
-                && let Some(moved) = to(key, v)
+                && let Some(moved) = to(self.arena.key(a), v)
             {
-                entry.state = KeyState::Live(moved);
+                let state = KeyState::Live(moved);
+                self.arena.set_entry(a, KeyEntry { state, ..entry });
             }
         }
     }
@@ -98,17 +467,31 @@ impl KeyIndex {
         if ttl_ms.is_none() {
             return 0;
         }
-        let before = self.map.len();
-        let mut freed = 0u64;
-        self.map.retain(|k, e| {
-            let keep = !e.is_expired_tombstone(ttl_ms, now_ms);
-            if !keep {
-                freed += k.len() as u64;
-            }
-            keep
-        });
-        self.key_bytes -= freed;
-        (before - self.map.len()) as u64
+        let is_dropped = |record: &[u8]| decode_entry(record).is_expired_tombstone(ttl_ms, now_ms);
+        let arena = &self.arena;
+        let dropped = arena
+            .records()
+            .filter(|&a| is_dropped(arena.record(a)))
+            .count();
+        if dropped == 0 {
+            return 0;
+        }
+        // Rebuild the arena in key order, without the dropped records.
+        let kept = self.table.len() - dropped;
+        self.table = HashTable::new();
+        let mut new_arena = Arena::new(arena.bits);
+        let mut run = Vec::with_capacity(kept);
+        for record in self.records_with(b"").filter(|&r| !is_dropped(r)) {
+            let (header, key) = record.split_at(KEY_AT);
+            run.push(new_arena.push(&le(header, 0), key));
+        }
+        assert_eq!(run.len(), kept, "a rebuilt arena holds every kept record");
+        self.arena = new_arena;
+        self.run = run;
+        self.mid = Vec::new();
+        self.tail.clear();
+        self.rebuild_table(kept);
+        dropped as u64
     }
 
     pub(crate) fn live_count(&self) -> u64 {
@@ -116,14 +499,494 @@ impl KeyIndex {
     }
 
     pub(crate) fn tombstone_count(&self) -> u64 {
-        self.map.len() as u64 - self.live
+        self.table.len() as u64 - self.live
     }
 
-    /// Estimated heap bytes: each key's own allocation plus a B-tree slot
-    /// (boxed key pointer and entry), at the B-tree's typical two-thirds fill.
+    /// Heap bytes held, exactly: the arena's chunks and the three levels by
+    /// capacity, and the table's allocation.
     pub(crate) fn memory_bytes(&self) -> u64 {
-        let slot = (std::mem::size_of::<Box<[u8]>>() + std::mem::size_of::<KeyEntry>()) as u64;
-        let n = self.map.len() as u64;
-        self.key_bytes + n * (slot * 3 / 2 + 8)
+        let levels = self.run.capacity() + self.mid.capacity() + self.tail.capacity();
+        let levels = levels * std::mem::size_of::<u32>();
+        (self.arena.memory_bytes() + self.table.allocation_size() + levels) as u64
+    }
+
+    /// Replaces the table by one with room for `capacity` records, filled
+    /// in address order: the arena is read sequentially, where the table's
+    /// own resize would read it in bucket order.
+    fn rebuild_table(&mut self, capacity: usize) {
+        let (seed, arena) = (self.seed, &self.arena);
+        let mut table = HashTable::with_capacity(capacity);
+        for a in arena.records() {
+            table.insert_unique(hash_key(seed, arena.key(a)), a, |&b| {
+                hash_key(seed, arena.key(b))
+            });
+        }
+        self.table = table;
+    }
+
+    /// Merges the tail into the mid.
+    fn merge_tail(&mut self) {
+        merge_into(&mut self.mid, &self.tail, &self.arena, false);
+        self.tail.clear();
+    }
+
+    /// Merges the mid into the run. The run is kept at its exact length.
+    fn merge_mid(&mut self) {
+        merge_into(&mut self.run, &self.mid, &self.arena, true);
+        self.mid.clear();
+    }
+
+    /// Checks the invariants in the module doc (O(n log n): tests only).
+    #[cfg(test)]
+    pub(crate) fn check_invariants(&self) {
+        let arena = &self.arena;
+        let chunk_bytes = 1usize << arena.bits;
+        for c in &arena.chunks {
+            assert!(c.capacity() <= chunk_bytes, "chunk capacity");
+            assert_eq!(c.len() % UNIT_BYTES, 0, "chunks end on a record boundary");
+        }
+        let mut records = Vec::new();
+        let mut live = 0;
+        for a in arena.records() {
+            assert!(records.last() < Some(&a), "addresses grow");
+            records.push(a);
+            let record = arena.record(a);
+            let key = arena.key(a);
+            assert!(key.len() <= ID_BYTES_MAX, "key length");
+            assert_eq!(self.find(key), Some(a), "record {a} found by its key");
+            match arena.entry(a).state {
+                KeyState::Live(_) => live += 1,
+                KeyState::Deleted { .. } => {
+                    assert_eq!(record.get(STATE_AT + 4..KEY_WORD_AT), Some(&[0; 8][..]));
+                }
+            }
+        }
+        assert_eq!(
+            self.table.len(),
+            records.len(),
+            "one table entry per record"
+        );
+        assert_eq!(self.live, live, "live count");
+        for sorted in [&self.run, &self.mid, &self.tail] {
+            assert!(
+                sorted.windows(2).all(|w| arena.key(w[0]) < arena.key(w[1])),
+                "each level sorted by key, without duplicates"
+            );
+        }
+        let mut levels: Vec<u32> = [&self.run, &self.mid, &self.tail]
+            .into_iter()
+            .flatten()
+            .copied()
+            .collect();
+        levels.sort_unstable();
+        assert_eq!(levels, records, "each record in exactly one level");
+        assert!(self.tail.len() <= self.geometry.tail_max, "tail length");
+    }
+}
+
+/// One level's stretch of records whose keys start with a prefix.
+struct Level<'a> {
+    rest: std::slice::Iter<'a, u32>,
+    /// The next record, `None` once past the stretch.
+    head: Option<&'a [u8]>,
+}
+
+impl<'a> Level<'a> {
+    fn advance(&mut self, arena: &'a Arena, prefix: &[u8]) {
+        self.head = self
+            .rest
+            .next()
+            .map(|&a| arena.record(a))
+            .filter(|r| record_key(r).starts_with(prefix));
+    }
+}
+
+fn record_key(record: &[u8]) -> &[u8] {
+    record.get(KEY_AT..).unwrap_or_default()
+}
+
+/// Merges `fresh` (sorted by key, no key in `sorted`) into `sorted`, in
+/// place from the back: `sorted` grows by exactly `fresh.len()` entries,
+/// and no entry is overwritten before it moves.
+#[expect(
+    clippy::indexing_slicing,
+    reason = "p <= i <= w <= sorted.len() throughout, and w > i while a fresh entry is left"
+)]
+fn merge_into(sorted: &mut Vec<u32>, fresh: &[u32], arena: &Arena, exact: bool) {
+    if fresh.is_empty() {
+        return;
+    }
+    let points = insertion_points(sorted, fresh, arena);
+    let old_len = sorted.len();
+    let new_len = old_len + fresh.len();
+    if exact {
+        sorted.reserve_exact(fresh.len());
+    } else {
+        sorted.reserve(fresh.len());
+    }
+    sorted.resize(new_len, 0);
+    // sorted[..i] is the part of the old entries not yet moved, sorted[w..]
+    // the merged end.
+    let (mut i, mut w) = (old_len, new_len);
+    for (&f, &p) in fresh.iter().zip(&points).rev() {
+        let above = i - p;
+        sorted.copy_within(p..i, w - above);
+        (i, w) = (p, w - above - 1);
+        sorted[w] = f;
+    }
+    debug_assert_eq!(i, w, "the unmoved head is in place");
+}
+
+/// Binary searches run side by side, so that their cache misses overlap.
+const SEARCH_LANES: usize = 8;
+
+/// For each of `fresh`'s keys, how many of `sorted`'s keys are below it.
+/// The searches of `SEARCH_LANES` keys advance in step: each round halves
+/// the same length for all of them, and their probes are independent loads.
+#[expect(
+    clippy::indexing_slicing,
+    reason = "base + half < base + len <= sorted.len(), and lanes index arrays of SEARCH_LANES"
+)]
+fn insertion_points(sorted: &[u32], fresh: &[u32], arena: &Arena) -> Vec<usize> {
+    let mut points = Vec::with_capacity(fresh.len());
+    for batch in fresh.chunks(SEARCH_LANES) {
+        let mut keys: [&[u8]; SEARCH_LANES] = [&[]; SEARCH_LANES];
+        for (k, &f) in keys.iter_mut().zip(batch) {
+            *k = arena.key(f);
+        }
+        let mut base = [0usize; SEARCH_LANES];
+        let mut len = sorted.len();
+        while len > 1 {
+            let half = len / 2;
+            for lane in 0..batch.len() {
+                if arena.key(sorted[base[lane] + half]) < keys[lane] {
+                    base[lane] += half;
+                }
+            }
+            len -= half;
+        }
+        for lane in 0..batch.len() {
+            if len == 1 && arena.key(sorted[base[lane]]) < keys[lane] {
+                base[lane] += 1;
+            }
+            points.push(base[lane]);
+        }
+    }
+    points
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+    use proptest::sample::select;
+    use xxhash_rust::xxh3::xxh3_64;
+
+    use super::*;
+
+    /// Small chunks and merges, so that a few keys cross every boundary.
+    const TINY: Geometry = Geometry {
+        chunk_bits: 13,
+        tail_max: 2,
+        mid_min: 3,
+    };
+
+    fn live(seq: u64, segment: u32) -> KeyEntry {
+        KeyEntry {
+            seq,
+            state: KeyState::Live(ValueRef {
+                segment,
+                offset: 4,
+                len: 1,
+            }),
+        }
+    }
+
+    fn deleted(seq: u64, at_secs: u32) -> KeyEntry {
+        KeyEntry {
+            seq,
+            state: KeyState::Deleted { at_secs },
+        }
+    }
+
+    fn keys_of<'a>(it: impl Iterator<Item = (&'a [u8], KeyEntry)>) -> Vec<Vec<u8>> {
+        it.map(|(k, _)| k.to_vec()).collect()
+    }
+
+    #[test]
+    fn keys_come_back_in_order_across_merges() {
+        let mut index = KeyIndex::with_geometry(TINY);
+        let n = 2_000u64;
+        for i in 0..n {
+            let key = format!("k{:016x}", xxh3_64(&i.to_le_bytes()));
+            index.set(key.as_bytes(), live(i, 1));
+        }
+        index.check_invariants();
+        let keys = keys_of(index.range_prefix(b""));
+        assert_eq!(keys.len() as u64, n);
+        assert!(keys.windows(2).all(|w| w[0] < w[1]), "ascending");
+        assert_eq!(index.live_count(), n);
+    }
+
+    #[test]
+    fn prefix_scans_merge_run_mid_and_tail() {
+        let mut index = KeyIndex::with_geometry(Geometry {
+            tail_max: 100,
+            mid_min: 100,
+            ..TINY
+        });
+        for key in ["b", "ab", "a", "abc", "b\0", "a\u{ff}", ""] {
+            index.set(key.as_bytes(), live(1, 1));
+        }
+        index.merge_tail();
+        index.merge_mid();
+        for key in ["aa", "ba", "abb"] {
+            index.set(key.as_bytes(), deleted(2, 5));
+        }
+        index.merge_tail();
+        for key in ["abd", "a\0", "bb"] {
+            index.set(key.as_bytes(), live(3, 1));
+        }
+        assert_eq!(
+            (index.run.len(), index.mid.len(), index.tail.len()),
+            (7, 3, 3)
+        );
+        index.check_invariants();
+        let scan = |p: &str| keys_of(index.range_prefix(p.as_bytes()));
+        let strs = |v: &[&str]| v.iter().map(|s| s.as_bytes().to_vec()).collect::<Vec<_>>();
+        assert_eq!(scan("ab"), strs(&["ab", "abb", "abc", "abd"]));
+        assert_eq!(
+            scan("a"),
+            strs(&["a", "a\0", "aa", "ab", "abb", "abc", "abd", "a\u{ff}"])
+        );
+        assert_eq!(scan("b"), strs(&["b", "b\0", "ba", "bb"]));
+        assert_eq!(scan("c"), strs(&[]));
+        assert_eq!(scan("").len(), 13);
+        assert_eq!(index.tombstone_count(), 3);
+    }
+
+    #[test]
+    fn purge_drops_expired_tombstones_and_keeps_the_rest_findable() {
+        let mut index = KeyIndex::with_geometry(TINY);
+        for i in 0..500u32 {
+            let key = format!("key{i:03}");
+            let entry = if i % 3 == 0 {
+                deleted(u64::from(i), i % 2)
+            } else {
+                live(u64::from(i), i)
+            };
+            index.set(key.as_bytes(), entry);
+        }
+        // Tombstones at second 0 expire at 1 000 ms with a 1 000 ms TTL;
+        // those at second 1 do not yet.
+        assert_eq!(index.purge_tombstones(None, 1_000), 0);
+        assert_eq!(index.purge_tombstones(Some(1_000), 1_000), 84);
+        index.check_invariants();
+        assert_eq!(index.get(b"key000"), None);
+        assert_eq!(index.get(b"key003"), Some(deleted(3, 1)));
+        assert_eq!(index.get(b"key499"), Some(live(499, 499)));
+        index.set(b"key000", live(7, 7));
+        index.check_invariants();
+        assert_eq!(index.get(b"key000"), Some(live(7, 7)));
+        assert_eq!(index.live_count(), 334);
+        assert_eq!(index.tombstone_count(), 83);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Set(Vec<u8>, KeyEntry),
+        Purge {
+            ttl_ms: Option<u64>,
+            now_ms: u64,
+        },
+        /// Moves the live values of segments below this one up by 10.
+        Relocate(u32),
+        Scan(Vec<u8>),
+    }
+
+    const ALPHABET: [u8; 4] = [b'a', b'b', 0, 0xff];
+
+    fn short_key() -> impl Strategy<Value = Vec<u8>> {
+        prop::collection::vec(select(&ALPHABET[..]), 0..5)
+    }
+
+    /// Mostly short keys that share prefixes, some up to the longest allowed.
+    fn key() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            9 => short_key(),
+            1 => (short_key(), 1..=ID_BYTES_MAX, select(&ALPHABET[..])).prop_map(
+                |(mut key, len, fill)| {
+                    key.resize(len.max(key.len()), fill);
+                    key
+                }
+            ),
+        ]
+    }
+
+    fn entry() -> impl Strategy<Value = KeyEntry> {
+        let state = prop_oneof![
+            (0..4u32, any::<u32>(), any::<u32>()).prop_map(|(segment, offset, len)| {
+                KeyState::Live(ValueRef {
+                    segment,
+                    offset,
+                    len,
+                })
+            }),
+            (0..20u32).prop_map(|at_secs| KeyState::Deleted { at_secs }),
+        ];
+        (any::<u64>(), state).prop_map(|(seq, state)| KeyEntry { seq, state })
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            12 => (key(), entry()).prop_map(|(k, e)| Step::Set(k, e)),
+            1 => (prop::option::of(0..10_000u64), 0..25_000u64)
+                .prop_map(|(ttl_ms, now_ms)| Step::Purge { ttl_ms, now_ms }),
+            1 => (0..5u32).prop_map(Step::Relocate),
+            2 => prop::collection::vec(select(&ALPHABET[..]), 0..3).prop_map(Step::Scan),
+        ]
+    }
+
+    fn check_against(index: &KeyIndex, model: &BTreeMap<Vec<u8>, KeyEntry>, probes: &[Vec<u8>]) {
+        index.check_invariants();
+        let all: Vec<(Vec<u8>, KeyEntry)> = index
+            .range_prefix(b"")
+            .map(|(k, e)| (k.to_vec(), e))
+            .collect();
+        let expected: Vec<(Vec<u8>, KeyEntry)> =
+            model.iter().map(|(k, e)| (k.clone(), *e)).collect();
+        assert_eq!(all, expected, "full iteration");
+        let live = model.values().filter(|e| e.value().is_some()).count() as u64;
+        assert_eq!(index.live_count(), live, "live count");
+        assert_eq!(
+            index.tombstone_count(),
+            model.len() as u64 - live,
+            "tombstone count"
+        );
+        for (k, e) in model {
+            assert_eq!(index.get(k), Some(*e), "get {k:?}");
+        }
+        for k in probes {
+            assert_eq!(index.get(k), model.get(k).copied(), "probe {k:?}");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        #[test]
+        fn index_matches_a_btreemap_model(
+            steps in prop::collection::vec(step(), 1..120),
+            probes in prop::collection::vec(key(), 0..8),
+        ) {
+            let mut index = KeyIndex::with_geometry(TINY);
+            let mut model: BTreeMap<Vec<u8>, KeyEntry> = BTreeMap::new();
+            for step in steps {
+                match step {
+                    Step::Set(key, entry) => {
+                        index.set(&key, entry);
+                        model.insert(key, entry);
+                    }
+                    Step::Purge { ttl_ms, now_ms } => {
+                        let before = model.len();
+                        if ttl_ms.is_some() {
+                            model.retain(|_, e| !e.is_expired_tombstone(ttl_ms, now_ms));
+                        }
+                        let purged = index.purge_tombstones(ttl_ms, now_ms);
+                        prop_assert_eq!(purged, (before - model.len()) as u64);
+                    }
+                    Step::Relocate(below) => {
+                        let mut seen = Vec::new();
+                        index.relocate(|key, v| {
+                            seen.push(key.to_vec());
+                            (v.segment < below).then_some(ValueRef {
+                                segment: v.segment + 10,
+                                ..v
+                            })
+                        });
+                        let live: Vec<Vec<u8>> = model
+                            .iter()
+                            .filter(|(_, e)| e.value().is_some())
+                            .map(|(k, _)| k.clone())
+                            .collect();
+                        prop_assert_eq!(seen, live, "relocate visits live keys in order");
+                        for e in model.values_mut() {
+                            if let KeyState::Live(v) = &mut e.state
+                                && v.segment < below
+                            {
+                                v.segment += 10;
+                            }
+                        }
+                    }
+                    Step::Scan(prefix) => {
+                        let got: Vec<(Vec<u8>, KeyEntry)> = index
+                            .range_prefix(&prefix)
+                            .map(|(k, e)| (k.to_vec(), e))
+                            .collect();
+                        let want: Vec<(Vec<u8>, KeyEntry)> = model
+                            .range(prefix.clone()..)
+                            .take_while(|(k, _)| k.starts_with(&prefix))
+                            .map(|(k, e)| (k.clone(), *e))
+                            .collect();
+                        prop_assert_eq!(got, want, "scan {:?}", prefix);
+                    }
+                }
+                check_against(&index, &model, &probes);
+            }
+        }
+    }
+
+    /// A 12-byte key in random order: "k" and 11 hex digits of a hash.
+    fn random_key(i: u64) -> Vec<u8> {
+        format!("k{:011x}", xxh3_64(&i.to_le_bytes()) >> 20).into_bytes()
+    }
+
+    fn assert_within_budget(index: &KeyIndex, when: &str) -> f64 {
+        let keys = index.live_count() + index.tombstone_count();
+        let key_bytes: u64 = index.range_prefix(b"").map(|(k, _)| k.len() as u64).sum();
+        let per_key = index.memory_bytes() as f64 / keys as f64;
+        let budget = 48.0 + key_bytes as f64 / keys as f64;
+        assert!(
+            per_key <= budget,
+            "{per_key:.2} bytes per key {when}, budget {budget:.2}"
+        );
+        per_key
+    }
+
+    #[test]
+    fn memory_stays_within_48_bytes_plus_the_key_per_key() {
+        let mut index = KeyIndex::default();
+        let n = 200_000u64;
+        let mut worst: f64 = 0.0;
+        for i in 0..n {
+            index.set(&random_key(i), live(i, 1));
+            // Below about 50 000 keys the partly used chunks weigh more.
+            if i >= 50_000 && i % 5_003 == 0 {
+                worst = worst.max(assert_within_budget(&index, &format!("at {i}")));
+            }
+        }
+        let full = assert_within_budget(&index, "after inserts");
+        for i in 0..n {
+            let j = xxh3_64(&(i + n).to_le_bytes()) % n;
+            index.set(&random_key(j), live(i, 2));
+        }
+        let updated = assert_within_budget(&index, "after updates");
+        for i in 0..n * 3 / 4 {
+            index.set(&random_key(i), deleted(i, 1));
+        }
+        let deleted_share = assert_within_budget(&index, "after deletes");
+        index.purge_tombstones(Some(1_000), 2_000);
+        assert_eq!(index.tombstone_count(), 0);
+        let purged = assert_within_budget(&index, "after purge");
+        for i in n..n + 50_000 {
+            index.set(&random_key(i), live(i, 3));
+        }
+        let refilled = assert_within_budget(&index, "after refill");
+        println!(
+            "key index bytes per key (12-byte keys, budget 60): worst while inserting \
+             {worst:.2}, at {n} {full:.2}, after updates {updated:.2}, after deletes \
+             {deleted_share:.2}, after purge {purged:.2}, after refill {refilled:.2}"
+        );
     }
 }

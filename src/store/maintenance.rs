@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::Store;
-use crate::compaction::{self, CUT_OFFSET, CompactionReport};
+use crate::compaction::{self, CompactionReport};
 use crate::error::{Error, Result};
 use crate::format::segment::FileKind;
 use crate::format::state::StateEnd;
@@ -16,6 +16,10 @@ use crate::index::Index;
 use crate::index::expiry::Ttls;
 use crate::log::names::{SNAPSHOT_FILE, TMP_SUFFIX, segment_file_name};
 use crate::state_file::{self, Values};
+
+/// Log bytes below which a clean close writes no snapshot: replaying them
+/// costs less than writing it.
+const SNAPSHOT_MIN_LOG_BYTES: u64 = 64 * 1024;
 
 impl Store {
     /// Expires what is past its TTL and rewrites what is still live (rows,
@@ -38,7 +42,7 @@ impl Store {
 
         // Cut: seal the active segment; everything before it is compacted.
         let cut_started = Instant::now();
-        let (cut, now_ms) = {
+        let (cut, cut_lsn, now_ms) = {
             let mut guard = self.writer.lock();
             let writer = &mut *guard;
             self.commit.check()?;
@@ -56,7 +60,7 @@ impl Store {
                 .map_err(|e| Error::io("map", path, e))
                 .inspect_err(|e| self.poison("map failed", e))?;
             self.maps.insert(cut, Arc::clone(&file), map);
-            (cut, self.index.read().log_time_ms)
+            (cut, lsn, self.index.read().log_time_ms)
         };
         let mut pause = cut_started.elapsed();
 
@@ -78,6 +82,9 @@ impl Store {
         {
             let mut writer = self.writer.lock();
             writer.pending.forget_delta();
+            // The base covers everything before the cut: a snapshot now
+            // would spare the next open only what came after it.
+            writer.saved_at(cut_lsn);
             let mut index = self.index.write();
             let mut moved = rewritten
                 .state
@@ -116,15 +123,6 @@ impl Store {
         }
         self.sync_dir()?;
 
-        // The base's own state makes the next open load instead of replay.
-        let end = StateEnd {
-            covered_segment: cut,
-            covered_offset: CUT_OFFSET,
-            first_segment: base_id,
-            ..StateEnd::default()
-        };
-        self.write_snapshot(&rewritten.state, end)?;
-
         let base_bytes = rewritten
             .file
             .len()
@@ -162,6 +160,7 @@ impl Store {
             .map_err(|e| Error::io("sync", path, e))
             .inspect_err(|e| self.poison("snapshot sync failed", e))?;
         self.publish_locked(writer, lsn);
+        writer.saved_at(lsn);
         let first_segment = self.maps.first_id().unwrap_or(segment);
         let index = self.index.read();
         let end = StateEnd {
@@ -188,9 +187,12 @@ impl Store {
         result
     }
 
+    /// Whether enough log would be replayed at the next open to pay for a
+    /// snapshot (which also costs disk: it repeats the seen ids a base
+    /// segment holds).
     pub(super) fn is_snapshot_worth_writing(&self) -> bool {
-        let grew = self.writer.lock().log.position().2 > 0;
-        self.commit.check().is_ok() && (grew || !matches!(self.opened.snapshot, Some(Ok(()))))
+        self.commit.check().is_ok()
+            && self.writer.lock().unsaved_log_bytes() >= SNAPSHOT_MIN_LOG_BYTES
     }
 
     fn write_snapshot(&self, index: &Index, end: StateEnd) -> Result<()> {

@@ -78,6 +78,23 @@ impl fmt::Debug for Store {
 struct Writer {
     log: LogWriter,
     pending: pending::Pending,
+    /// Bytes of log that the next open would replay, as of `unsaved_since`
+    /// (the lsn of the last snapshot or compaction cut, or open).
+    unsaved_bytes: u64,
+    unsaved_since: u64,
+}
+
+impl Writer {
+    /// Bytes of log that a snapshot now would spare the next open.
+    fn unsaved_log_bytes(&self) -> u64 {
+        self.unsaved_bytes + (self.log.position().2 - self.unsaved_since)
+    }
+
+    /// A snapshot or base segment now covers everything up to `lsn`.
+    fn saved_at(&mut self, lsn: u64) {
+        self.unsaved_bytes = 0;
+        self.unsaved_since = lsn;
+    }
 }
 
 /// What `open` did, for `stats`.
@@ -200,6 +217,8 @@ impl Store {
             writer: Mutex::new(Writer {
                 log,
                 pending: pending::Pending::new(ttls),
+                unsaved_bytes: walk.log_bytes,
+                unsaved_since: 0,
             }),
             commit: GroupCommit::default(),
             maintenance: Mutex::new(()),
