@@ -3,7 +3,7 @@
 //! `Batch` is plain data: deliveries in order plus checkpoint updates. It does
 //! no validation; `apply` decides what each delivery means.
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 /// One change an event makes to its key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -39,10 +39,27 @@ pub struct Batch {
     id: Bytes,
     deliveries: Vec<Delivery>,
     checkpoints: Vec<(Bytes, Bytes)>,
+    /// Spare room that the builder copies ids, keys and values into: one
+    /// allocation serves many deliveries instead of three per delivery.
+    arena: BytesMut,
 }
+
+/// Bytes the builder's arena grows by when it runs out.
+const ARENA_CHUNK_BYTES: usize = 16 * 1024;
 
 fn bytes_of(value: impl AsRef<[u8]>) -> Bytes {
     Bytes::copy_from_slice(value.as_ref())
+}
+
+impl Batch {
+    /// Copies `bytes` into the arena and returns them as their own `Bytes`.
+    fn copy_in(&mut self, bytes: &[u8]) -> Bytes {
+        if self.arena.capacity() < bytes.len() {
+            self.arena.reserve(bytes.len().max(ARENA_CHUNK_BYTES));
+        }
+        self.arena.extend_from_slice(bytes);
+        self.arena.split().freeze()
+    }
 }
 
 impl Batch {
@@ -52,6 +69,7 @@ impl Batch {
             id: bytes_of(id),
             deliveries: Vec::new(),
             checkpoints: Vec::new(),
+            arena: BytesMut::new(),
         }
     }
 
@@ -64,7 +82,8 @@ impl Batch {
         seq: u64,
         value: impl AsRef<[u8]>,
     ) -> Self {
-        self.push(event_id, key, seq, Op::Put(bytes_of(value)));
+        let value = self.copy_in(value.as_ref());
+        self.push(event_id, key, seq, Op::Put(value));
         self
     }
 
@@ -111,9 +130,11 @@ impl Batch {
 
     /// Appends a delivery (non-builder form).
     pub fn push(&mut self, event_id: impl AsRef<[u8]>, key: impl AsRef<[u8]>, seq: u64, op: Op) {
+        let event_id = self.copy_in(event_id.as_ref());
+        let key = self.copy_in(key.as_ref());
         self.push_delivery(Delivery {
-            event_id: bytes_of(event_id),
-            key: bytes_of(key),
+            event_id,
+            key,
             seq,
             op,
         });
