@@ -2,8 +2,9 @@
 //!
 //! std's default SipHash is built to resist collision attacks on arbitrary
 //! keys, and costs accordingly. Maps keyed by event-id hashes need no
-//! hashing at all; maps keyed by caller bytes use seeded xxh3, which is fast
-//! and still spreads crafted keys.
+//! hashing at all; maps keyed by caller bytes use xxh3 with a fixed seed.
+//! These maps live for one batch, so keys crafted to collide can slow down
+//! only the batch that carries them.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};

@@ -10,7 +10,10 @@ pub(crate) mod segment;
 pub(crate) mod state;
 
 /// Format version written in every segment header.
-pub(crate) const FORMAT_VERSION: u32 = 1;
+///
+/// Version 1 (never released) had 24-byte frames without `synced_to`; its
+/// segments are refused rather than misread as torn.
+pub(crate) const FORMAT_VERSION: u32 = 2;
 
 /// Longest event id, key, batch id or checkpoint source, in bytes.
 pub(crate) const ID_BYTES_MAX: usize = 4096;

@@ -76,8 +76,11 @@ impl Store {
         storage
             .rename(&rewritten.tmp_path, &base_path)
             .map_err(|e| Error::io("rename", &rewritten.tmp_path, e))?;
-        self.sync_dir()?;
 
+        // From here the file named `B.seg` is the base: memory switches to
+        // it at once, and any later failure poisons the store, so that
+        // nothing (no close-time snapshot above all) pairs the old layout
+        // with the new files.
         let switch_started = Instant::now();
         {
             let mut writer = self.writer.lock();
@@ -111,17 +114,21 @@ impl Store {
         }
         pause = pause.max(switch_started.elapsed());
 
-        for &id in rewritten
-            .replaced_segments
-            .iter()
-            .filter(|&&id| id < base_id)
-        {
-            let path = self.dir.join(segment_file_name(id));
-            storage
-                .remove_file(&path)
-                .map_err(|e| Error::io("remove", &path, e))?;
-        }
-        self.sync_dir()?;
+        let finish = || -> Result<()> {
+            self.sync_dir()?;
+            for &id in rewritten
+                .replaced_segments
+                .iter()
+                .filter(|&&id| id < base_id)
+            {
+                let path = self.dir.join(segment_file_name(id));
+                storage
+                    .remove_file(&path)
+                    .map_err(|e| Error::io("remove", &path, e))?;
+            }
+            self.sync_dir()
+        };
+        finish().inspect_err(|e| self.poison("compaction failed after its switch", e))?;
 
         let base_bytes = rewritten
             .file

@@ -12,9 +12,8 @@ use crate::error::{Error, Result, display_id};
 use crate::format::record::{self, KIND_BATCH, QuarantineView};
 use crate::format::segment::FRAME_HEADER_LEN;
 use crate::format::{ID_BYTES_MAX, POSITION_BYTES_MAX, RECORD_BODY_BYTES_MAX};
-use crate::log::names::{SYNC_FAILED_FILE, segment_file_name};
+use crate::log::names::segment_file_name;
 use crate::options::Durability;
-use crate::storage::OpenMode;
 
 fn invalid_batch(batch: &Batch, reason: impl Into<String>) -> Error {
     Error::InvalidBatch {
@@ -234,11 +233,7 @@ impl Store {
     }
 
     fn note_sync_failure(&self) {
-        let path = self.dir.join(SYNC_FAILED_FILE);
-        if let Ok(file) = self.options.storage.open(&path, OpenMode::CreateNew) {
-            let _ = file.sync_data();
-            let _ = self.options.storage.sync_dir(&self.dir);
-        }
+        super::note_sync_failure(self.options.storage.as_ref(), &self.dir);
     }
 
     /// As `publish`, for a caller that holds the writer lock; also notes `lsn` as durable.
