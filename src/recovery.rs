@@ -604,7 +604,6 @@ pub(crate) const LOST_FOUND_DIR: &str = "lost+found";
 /// dropped bytes, and the snapshot (which may cover them), are moved into
 /// `lost+found/`, not deleted.
 pub(crate) fn repair(storage: &dyn Storage, dir: &Path, now_ms: u64) -> Result<RepairReport> {
-    let all_ids = list_segments(storage, dir)?;
     let (opened, _) = open_segments(storage, dir, true)?;
     let kinds: Vec<(u32, Result<FileKind, &'static str>)> =
         opened.iter().map(|o| (o.id, o.kind)).collect();
@@ -630,10 +629,20 @@ pub(crate) fn repair(storage: &dyn Storage, dir: &Path, now_ms: u64) -> Result<R
         .iter()
         .find(|s| s.id == problem.segment)
         .filter(|_| !is_base && problem.offset >= SEGMENT_HEADER_LEN as u64);
-    let first_dropped = match cut {
-        Some(s) => s.id.saturating_add(1),
-        None => problem.segment,
-    };
+    // Every other segment of the log that the walk did not keep goes,
+    // wherever its id sorts: one below the log's first id (a stray
+    // `0000000000.seg`) is as much in the way as one after the problem.
+    let kept: Vec<u32> = walk
+        .segments
+        .iter()
+        .map(|s| s.id)
+        .filter(|&id| id != problem.segment || cut.is_some())
+        .collect();
+    let dropped: Vec<u32> = kinds
+        .iter()
+        .map(|&(id, _)| id)
+        .filter(|id| !kept.contains(id))
+        .collect();
 
     // Order matters for a crash in the middle: the snapshot goes first (it
     // may cover what is dropped), then whole segments from the newest down,
@@ -642,14 +651,8 @@ pub(crate) fn repair(storage: &dyn Storage, dir: &Path, now_ms: u64) -> Result<R
         .list_dir(dir)
         .map_err(|e| Error::io("list", dir, e))?;
     let mut moved: Vec<String> = names.into_iter().filter(|n| n == SNAPSHOT_FILE).collect();
-    moved.extend(
-        all_ids
-            .iter()
-            .rev()
-            .filter(|&&id| id >= first_dropped)
-            .map(|&id| segment_file_name(id)),
-    );
-    report.segments_dropped = all_ids.iter().filter(|&&id| id >= first_dropped).count() as u64;
+    moved.extend(dropped.iter().rev().map(|&id| segment_file_name(id)));
+    report.segments_dropped = dropped.len() as u64;
     for name in moved {
         let from = dir.join(&name);
         let file = storage
