@@ -54,7 +54,11 @@ pub(crate) struct WalkedSegment {
 #[derive(Debug)]
 pub(crate) struct Problem {
     pub segment: u32,
+    /// The offending byte.
     pub offset: u64,
+    /// Start of the record that holds `offset`: the valid prefix ends
+    /// here, and a repair cuts here.
+    pub record_at: u64,
     pub reason: Cow<'static, str>,
     /// The problem is in the newest segment and nothing valid follows it:
     /// a write cut short by a crash.
@@ -66,8 +70,17 @@ impl Problem {
         Self {
             segment,
             offset,
+            record_at: offset,
             reason: reason.into(),
             is_tail: false,
+        }
+    }
+
+    /// The problem lies inside the record whose frame starts at `record_at`.
+    fn in_record(self, record_at: u32) -> Self {
+        Self {
+            record_at: u64::from(record_at),
+            ..self
         }
     }
 
@@ -242,7 +255,7 @@ fn walk(opened: Vec<Opened>, index: &mut Index, start: Option<(u32, u64)>) -> Wa
         match result {
             Ok(valid_len) => segment.valid_len = valid_len,
             Err(problem) => {
-                segment.valid_len = problem.offset;
+                segment.valid_len = problem.record_at;
                 walk.problem = Some(problem);
             }
         }
@@ -281,15 +294,16 @@ fn replay(
         let at_body = |offset: usize| u64::from(record.body_at) + offset as u64;
         match (kind, record.kind) {
             (FileKind::Log, KIND_BATCH) => {
-                let batch = decode_batch(record.body)
-                    .map_err(|e| Problem::at(id, at_body(e.offset), e.what))?;
+                let batch = decode_batch(record.body).map_err(|e| {
+                    Problem::at(id, at_body(e.offset), e.what).in_record(record.offset)
+                })?;
                 index
                     .apply_record(&batch, id, record.body_at, None)
                     .map_err(|reason| Problem::at(id, u64::from(record.offset), reason))?;
             }
             (FileKind::Base, k) if k != KIND_BATCH => loader
                 .apply(index, k, record.body, id, record.body_at)
-                .map_err(|e| Problem::at(id, at_body(e.offset), e.what))?,
+                .map_err(|e| Problem::at(id, at_body(e.offset), e.what).in_record(record.offset))?,
             _ => {
                 return Err(Problem::at(
                     id,
@@ -628,7 +642,7 @@ pub(crate) fn repair(storage: &dyn Storage, dir: &Path, now_ms: u64) -> Result<R
         .segments
         .iter()
         .find(|s| s.id == problem.segment)
-        .filter(|_| !is_base && problem.offset >= SEGMENT_HEADER_LEN as u64);
+        .filter(|_| !is_base && problem.record_at >= SEGMENT_HEADER_LEN as u64);
     // Every other segment of the log that the walk did not keep goes,
     // wherever its id sorts: one below the log's first id (a stray
     // `0000000000.seg`) is as much in the way as one after the problem.
@@ -669,11 +683,11 @@ pub(crate) fn repair(storage: &dyn Storage, dir: &Path, now_ms: u64) -> Result<R
     if let Some(s) = cut {
         let path = dir.join(segment_file_name(s.id));
         let map = s.file.map(0).map_err(|e| Error::io("map", &path, e))?;
-        let tail = map.get(problem.offset as usize..).unwrap_or_default();
+        let tail = map.get(problem.record_at as usize..).unwrap_or_default();
         let tail_path = lost.join(format!(
             "{}.{}.tail",
             segment_file_name(s.id),
-            problem.offset
+            problem.record_at
         ));
         write_new_file(storage, &tail_path, tail)?;
         // The copy is durable, name included, before the original is cut.
@@ -685,7 +699,7 @@ pub(crate) fn repair(storage: &dyn Storage, dir: &Path, now_ms: u64) -> Result<R
         let file = storage
             .open(&path, OpenMode::Append)
             .map_err(|e| Error::io("open", &path, e))?;
-        file.set_len(problem.offset)
+        file.set_len(problem.record_at)
             .map_err(|e| Error::io("truncate", &path, e))?;
         file.sync_data().map_err(|e| Error::io("sync", &path, e))?;
     }

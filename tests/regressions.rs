@@ -66,3 +66,59 @@ fn repair_of_a_stray_segment_zero_leaves_a_store_that_opens() {
     Store::open(dir(), options(&storage)).expect("open after repair");
     Store::verify_dir(dir(), &options(&storage)).expect("verify after repair");
 }
+
+/// Rewrites the frame header at `at` of a segment file so that its checksums
+/// hold for the body length it now claims (DESIGN.md, FORMAT, "Record frame").
+fn mend_frame(file: &mut [u8], at: usize) {
+    let body_len = u32::from_le_bytes(file[at + 8..at + 12].try_into().unwrap()) as usize;
+    let body_crc = crc32fast::hash(&file[at + 28..at + 28 + body_len]);
+    file[at + 12..at + 16].copy_from_slice(&body_crc.to_le_bytes());
+    let crc = crc32fast::hash(&file[at + 4..at + 28]);
+    file[at..at + 4].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Found by `open_store` within its first minute: a seed store whose second
+/// batch record was edited to claim an empty body, with every checksum
+/// mended (input flag bit 0), so that the record reaches the decoder. `open`
+/// reports `Corruption` at the body's first byte ("batch id"); `repair` cut
+/// the segment at that byte, which is where the record's (empty) body ends,
+/// so the whole record stayed and the store still did not open. The same
+/// happens to any body that fails to decode at its last byte.
+///
+/// Repair must cut at the start of the record that does not decode, not at
+/// the offending byte inside it.
+#[test]
+fn repair_cuts_a_record_that_does_not_decode_at_its_start() {
+    let storage = FaultyStorage::new();
+    let store = Store::open(dir(), options(&storage)).expect("open");
+    for i in 1..=2 {
+        let batch = Batch::new(format!("B{i}")).put(format!("e{i}"), "k", i, "v");
+        store.apply_batch(&batch).expect("batch");
+    }
+    drop(store);
+    let mut segment = storage
+        .read_file(dir().join("0000000001.seg"))
+        .expect("segment 1");
+    let first_body_len = u32::from_le_bytes(segment[40..44].try_into().unwrap()) as usize;
+    let second = 32 + 28 + first_body_len;
+    segment[second + 8..second + 12].copy_from_slice(&0u32.to_le_bytes());
+    segment.truncate(second + 28);
+    mend_frame(&mut segment, second);
+
+    let storage = FaultyStorage::new();
+    put_file(&storage, "0000000001.seg", &segment);
+    match Store::open(dir(), options(&storage)) {
+        Err(Error::Corruption { offset, .. }) => assert_eq!(offset, second as u64 + 28),
+        other => panic!("expected corruption, got {other:?}"),
+    }
+    let report = Store::repair(dir(), options(&storage)).expect("repair");
+    assert_eq!(report.records_kept, 1, "{report:?}");
+    let store = Store::open(dir(), options(&storage)).expect("open after repair");
+    assert_eq!(
+        store.batch("B1").expect("batch").map(|r| r.inserted),
+        Some(1)
+    );
+    assert_eq!(store.batch("B2").expect("batch"), None);
+    drop(store);
+    Store::verify_dir(dir(), &options(&storage)).expect("verify after repair");
+}
