@@ -621,12 +621,31 @@ pub(crate) fn repair(storage: &dyn Storage, dir: &Path, now_ms: u64) -> Result<R
     let (opened, _) = open_segments(storage, dir, true)?;
     let kinds: Vec<(u32, Result<FileKind, &'static str>)> =
         opened.iter().map(|o| (o.id, o.kind)).collect();
-    let walk = walk(opened, &mut Index::default(), None);
+    let mut walk = walk(opened, &mut Index::default(), None);
     let mut report = RepairReport {
         records_kept: walk.records,
         ..RepairReport::default()
     };
-    let Some(problem) = walk.problem else {
+    let Some(problem) = walk.problem.take() else {
+        // A whole log: a snapshot that does not fit it is all there is to move.
+        if snapshot_problem(storage, dir, &walk)?.is_some() {
+            let lost = fresh_lost_found(storage, dir, now_ms)?;
+            let from = dir.join(SNAPSHOT_FILE);
+            let file = storage
+                .open(&from, OpenMode::Read)
+                .map_err(|e| Error::io("open", &from, e))?;
+            report.bytes_dropped = file.len().map_err(|e| Error::io("stat", &from, e))?;
+            storage
+                .rename(&from, &lost.join(SNAPSHOT_FILE))
+                .map_err(|e| Error::io("rename", &from, e))?;
+            storage
+                .sync_dir(dir)
+                .map_err(|e| Error::io("sync directory", dir, e))?;
+            storage
+                .sync_dir(&lost)
+                .map_err(|e| Error::io("sync directory", &lost, e))?;
+            report.lost_found = Some(lost);
+        }
         return Ok(report);
     };
     report.first_bad = Some((u64::from(problem.segment), problem.offset));
@@ -758,14 +777,27 @@ pub(crate) fn verify(storage: &dyn Storage, dir: &Path) -> Result<Walk> {
     if let Some(problem) = walk.problem.take() {
         return Err(problem.into_error());
     }
+    if let Some(reason) = snapshot_problem(storage, dir, &walk)? {
+        return Err(corruption(0, SNAPSHOT_FILE.to_owned(), 0, reason));
+    }
+    Ok(walk)
+}
+
+/// Why the snapshot in `dir` does not load or does not fit the walked log;
+/// `None` if it does, or if there is none.
+fn snapshot_problem(
+    storage: &dyn Storage,
+    dir: &Path,
+    walk: &Walk,
+) -> Result<Option<Cow<'static, str>>> {
     let names = storage
         .list_dir(dir)
         .map_err(|e| Error::io("list", dir, e))?;
-    if names.iter().any(|n| n == SNAPSHOT_FILE) {
-        let mut scratch = Index::default();
-        load_snapshot(storage, dir, &mut scratch)
-            .and_then(|end| check_snapshot(&end, &scratch, &walk).map_err(Cow::Borrowed))
-            .map_err(|reason| corruption(0, SNAPSHOT_FILE.to_owned(), 0, reason))?;
+    if !names.iter().any(|n| n == SNAPSHOT_FILE) {
+        return Ok(None);
     }
-    Ok(walk)
+    let mut scratch = Index::default();
+    Ok(load_snapshot(storage, dir, &mut scratch)
+        .and_then(|end| check_snapshot(&end, &scratch, walk).map_err(Cow::Borrowed))
+        .err())
 }
