@@ -32,7 +32,10 @@
 //! acknowledged batch is there, that the log holds exactly each writer's
 //! batches up to its checkpoint in order with the predicted reports, that the
 //! rows and counters are exactly the state after those batches, and that
-//! `verify` passes; then it starts the next child.
+//! `verify` passes; then it starts the next child. Every
+//! `GENERATION_BATCHES` committed batches it starts over with an empty store,
+//! so that a run of hours keeps the index (a week of batch and event ids)
+//! to a few hundred MB.
 //!
 //! A SIGKILL leaves the page cache intact, so this test exercises process
 //! crashes, not power loss (`tests/crash.rs` covers that).
@@ -77,6 +80,8 @@ const SEGMENT_BYTES_MAX: u64 = 256 << 10;
 const GENERATION_BATCHES: u64 = 500_000;
 
 const SHORT_SECS: u64 = 25;
+/// How often a long soak prints where it is.
+const REPORT_EVERY: Duration = Duration::from_secs(300);
 const LONG_DEFAULT_SECS: u64 = 600;
 
 fn options() -> Options {
@@ -897,7 +902,20 @@ fn soak(label: &str, secs: u64, max_delay_ms: u64) {
     let started = Instant::now();
     let deadline = started + Duration::from_secs(secs);
     let mut failure = check_after_child(&work, &mut tally).err();
+    let mut next_report = started + REPORT_EVERY;
     while failure.is_none() && Instant::now() < deadline {
+        if Instant::now() >= next_report {
+            next_report += REPORT_EVERY;
+            println!(
+                "{label}: {:.0} s, kills {}, restarts {}, batches committed {}, \
+                 acknowledged batches checked {}, failures 0",
+                started.elapsed().as_secs_f64(),
+                tally.kills,
+                tally.restarts,
+                tally.batches_before + tally.batches_committed,
+                tally.acks_checked
+            );
+        }
         let child_seed = rng.next();
         // One child in ten stops and closes the store by itself.
         let clean = rng.below(10) == 0;
