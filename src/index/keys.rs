@@ -283,15 +283,13 @@ fn encode_header(entry: KeyEntry, key_len: usize) -> [u8; KEY_AT] {
     };
     let key_word = u16::try_from((key_len << 1) | tombstone).expect("key length fits in 15 bits");
     let mut header = [0; KEY_AT];
-    let fields = entry
-        .seq
-        .to_le_bytes()
-        .into_iter()
-        .chain(state.iter().flat_map(|w| w.to_le_bytes()))
-        .chain(key_word.to_le_bytes());
-    for (b, f) in header.iter_mut().zip(fields) {
-        *b = f;
+    let (seq, rest) = header.split_at_mut(STATE_AT);
+    seq.copy_from_slice(&entry.seq.to_le_bytes());
+    let (words, key_word_bytes) = rest.split_at_mut(KEY_WORD_AT - STATE_AT);
+    for (slot, w) in words.chunks_exact_mut(4).zip(state) {
+        slot.copy_from_slice(&w.to_le_bytes());
     }
+    key_word_bytes.copy_from_slice(&key_word.to_le_bytes());
     header
 }
 
