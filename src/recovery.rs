@@ -324,12 +324,19 @@ fn replay(
     Ok(reader.position())
 }
 
-/// Loads the snapshot into `index`; returns what it covers, or why it cannot be used.
+/// What a loaded snapshot claims of the log, to be checked against it.
+struct LoadedSnapshot {
+    end: StateEnd,
+    /// For each segment its value references point into, the furthest byte.
+    ref_extents: std::collections::BTreeMap<u32, u64>,
+}
+
+/// Loads the snapshot into `index`; returns what it claims, or why it cannot be used.
 fn load_snapshot(
     storage: &dyn Storage,
     dir: &Path,
     index: &mut Index,
-) -> Result<StateEnd, Cow<'static, str>> {
+) -> Result<LoadedSnapshot, Cow<'static, str>> {
     let path = dir.join(SNAPSHOT_FILE);
     let file = storage
         .open(&path, OpenMode::Read)
@@ -345,14 +352,17 @@ fn load_snapshot(
             .apply(index, record.kind, record.body, 0, record.body_at)
             .map_err(|e| format!("{} in the record at offset {}", e.what, record.offset))?;
     }
-    loader
-        .end()
-        .ok_or_else(|| "snapshot has no end record".into())
+    let end = loader.end().ok_or("snapshot has no end record")?;
+    Ok(LoadedSnapshot {
+        end,
+        ref_extents: loader.ref_extents().clone(),
+    })
 }
 
 /// Checks that a snapshot belongs to this log and that every value it
 /// refers to lies inside the walked segments.
-fn check_snapshot(end: &StateEnd, index: &Index, walk: &Walk) -> Result<(), &'static str> {
+fn check_snapshot(snapshot: &LoadedSnapshot, walk: &Walk) -> Result<(), &'static str> {
+    let end = &snapshot.end;
     if walk.segments.first().map(|s| s.id) != Some(end.first_segment) {
         return Err("snapshot belongs to an older log");
     }
@@ -370,12 +380,9 @@ fn check_snapshot(end: &StateEnd, index: &Index, walk: &Walk) -> Result<(), &'st
             .find(|s| s.id == id)
             .map(|s| s.valid_len)
     };
-    for (_, entry) in index.keys.range_prefix(b"") {
-        if let Some(v) = entry.value() {
-            let end = u64::from(v.offset) + u64::from(v.len);
-            if v.offset < 4 || len_of(v.segment).is_none_or(|len| end > len) {
-                return Err("snapshot refers to a value outside the log");
-            }
+    for (&segment, &extent) in &snapshot.ref_extents {
+        if len_of(segment).is_none_or(|len| extent > len) {
+            return Err("snapshot refers to a value outside the log");
         }
     }
     Ok(())
@@ -396,7 +403,8 @@ pub(crate) struct Recovered {
 
 /// Replays the segments below `below` (all of them if `None`), from the
 /// snapshot if it can be trusted. A walk from a snapshot that meets any
-/// problem is abandoned for a full replay, which then reports the problem.
+/// problem but a torn tail (which `recover` then cuts) is abandoned for a
+/// full replay, which then reports the problem.
 fn replay_log(
     storage: &dyn Storage,
     dir: &Path,
@@ -418,18 +426,15 @@ fn replay_log(
     if names.iter().any(|n| n == SNAPSHOT_FILE) {
         let mut index = Index::new(ttls);
         let reason = match load_snapshot(storage, dir, &mut index) {
-            Ok(end) => {
-                let walk = walk(
-                    open()?,
-                    &mut index,
-                    Some((end.covered_segment, end.covered_offset)),
-                );
-                match (&walk.problem, check_snapshot(&end, &index, &walk)) {
-                    (None, Ok(())) => return Ok((index, walk, Some(Ok(())))),
-                    (Some(p), _) => {
+            Ok(snapshot) => {
+                let start = (snapshot.end.covered_segment, snapshot.end.covered_offset);
+                let walk = walk(open()?, &mut index, Some(start));
+                match (&walk.problem, check_snapshot(&snapshot, &walk)) {
+                    (Some(p), _) if !p.is_tail => {
                         format!("the log after it does not replay: {}", p.reason).into()
                     }
-                    (None, Err(reason)) => reason.into(),
+                    (_, Ok(())) => return Ok((index, walk, Some(Ok(())))),
+                    (_, Err(reason)) => reason.into(),
                 }
             }
             Err(reason) => reason,
@@ -492,10 +497,10 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, ttls: Ttls) -> Result<R
                 .set_len(problem.offset)
                 .map_err(|e| Error::io("truncate", &path, e))?;
         }
-        segment
-            .file
-            .sync_data()
-            .map_err(|e| Error::io("sync", &path, e))?;
+        segment.file.sync_data().map_err(|e| {
+            note_sync_failure(storage, dir);
+            Error::io("sync", &path, e)
+        })?;
         segment.valid_len = problem.offset.max(SEGMENT_HEADER_LEN as u64);
         segment.kind = Some(FileKind::Log);
     }
@@ -562,6 +567,17 @@ pub(crate) fn load_base(map: &[u8], id: u32, ttls: Ttls) -> Result<Index, Cow<'s
     )
     .map_err(|p| p.reason)?;
     Ok(index)
+}
+
+/// Leaves the note that makes the next open rewrite the newest segment: a
+/// failed sync may have left pages that read back but never reach the disk.
+/// Best effort: the disk is failing.
+pub(crate) fn note_sync_failure(storage: &dyn Storage, dir: &Path) {
+    let path = dir.join(SYNC_FAILED_FILE);
+    if let Ok(file) = storage.open(&path, OpenMode::CreateNew) {
+        let _ = file.sync_data();
+        let _ = storage.sync_dir(dir);
+    }
 }
 
 /// Writes segment `id`'s first `len` bytes to a new file that replaces it.
@@ -798,6 +814,6 @@ fn snapshot_problem(
     }
     let mut scratch = Index::default();
     Ok(load_snapshot(storage, dir, &mut scratch)
-        .and_then(|end| check_snapshot(&end, &scratch, walk).map_err(Cow::Borrowed))
+        .and_then(|snapshot| check_snapshot(&snapshot, walk).map_err(Cow::Borrowed))
         .err())
 }

@@ -248,6 +248,9 @@ pub(crate) fn write(
 pub(crate) struct StateLoader {
     totals: [u64; 6],
     end: Option<StateEnd>,
+    /// For each segment that value references point into, the furthest
+    /// byte they reach: a snapshot is checked against the log with these.
+    ref_extents: std::collections::BTreeMap<u32, u64>,
 }
 
 impl StateLoader {
@@ -285,11 +288,19 @@ impl StateLoader {
                             segment,
                             offset,
                             len,
-                        } => KeyState::Live(ValueRef {
-                            segment,
-                            offset,
-                            len,
-                        }),
+                        } => {
+                            if offset < 4 {
+                                return Err(fail("value reference before its checksum"));
+                            }
+                            let end = u64::from(offset) + u64::from(len);
+                            let extent = self.ref_extents.entry(segment).or_default();
+                            *extent = (*extent).max(end);
+                            KeyState::Live(ValueRef {
+                                segment,
+                                offset,
+                                len,
+                            })
+                        }
                         KeyValue::Tombstone { at_secs } => KeyState::Deleted { at_secs },
                     };
                     index.keys.set(k.key, KeyEntry { seq: k.seq, state });
@@ -365,5 +376,11 @@ impl StateLoader {
     /// The end record, once read: the state is complete.
     pub(crate) fn end(&self) -> Option<StateEnd> {
         self.end
+    }
+
+    /// Segments that value references point into, each with the furthest
+    /// byte they reach.
+    pub(crate) fn ref_extents(&self) -> &std::collections::BTreeMap<u32, u64> {
+        &self.ref_extents
     }
 }

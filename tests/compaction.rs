@@ -341,3 +341,40 @@ fn a_snapshot_from_before_a_compaction_is_not_trusted() {
     assert!(!store.stats().opened_from_snapshot);
     assert_eq!(observe(&store), expected);
 }
+
+#[test]
+fn a_torn_tail_after_the_snapshot_is_cut_and_the_snapshot_still_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0_MS);
+    let store = Store::open(dir.path(), options(&clock)).unwrap();
+    for i in 0..50 {
+        store.apply_batch(&batch(i)).unwrap();
+    }
+    store.snapshot().unwrap();
+    for i in 50..53 {
+        store.apply_batch(&batch(i)).unwrap();
+    }
+    // A crash that tears the last batch's record.
+    let copy = tempfile::tempdir().unwrap();
+    copy_dir(dir.path(), copy.path());
+    drop(store);
+    let newest = copy.path().join(segment_files(copy.path()).last().unwrap());
+    let len = std::fs::metadata(&newest).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&newest)
+        .unwrap()
+        .set_len(len - 5)
+        .unwrap();
+
+    let store = Store::open(copy.path(), options(&clock)).unwrap();
+    let stats = store.stats();
+    assert!(stats.opened_from_snapshot, "{stats:?}");
+    assert!(stats.torn_bytes_discarded > 0, "{stats:?}");
+    let reference_dir = tempfile::tempdir().unwrap();
+    let reference = Store::open(reference_dir.path(), options(&clock)).unwrap();
+    for i in 0..52 {
+        reference.apply_batch(&batch(i)).unwrap();
+    }
+    assert_eq!(observe(&store), observe(&reference));
+}

@@ -39,7 +39,7 @@ use crate::format::segment::{FileKind, SEGMENT_HEADER_LEN};
 use crate::index::Index;
 use crate::index::expiry::Ttls;
 use crate::index::keys::KeyEntry;
-use crate::log::names::{LOCK_FILE, SYNC_FAILED_FILE, segment_file_name};
+use crate::log::names::{LOCK_FILE, segment_file_name};
 use crate::log::segments::{SegmentMaps, ValueRef};
 use crate::log::writer::{LogWriter, create_segment};
 use crate::options::Options;
@@ -103,16 +103,6 @@ struct OpenReport {
     torn_bytes_discarded: u64,
     records_replayed: u64,
     snapshot: recovery::SnapshotUse,
-}
-
-/// Leaves the note that makes the next open rewrite the newest segment
-/// (see `recovery::recover`). Best effort: the disk is failing.
-pub(crate) fn note_sync_failure(storage: &dyn Storage, dir: &Path) {
-    let path = dir.join(SYNC_FAILED_FILE);
-    if let Ok(file) = storage.open(&path, crate::storage::OpenMode::CreateNew) {
-        let _ = file.sync_data();
-        let _ = storage.sync_dir(dir);
-    }
 }
 
 /// How long `open` keeps trying a held lock before it answers `Locked`.
@@ -208,7 +198,7 @@ impl Store {
         // ends now (see `LogWriter::place`): make that true.
         let active_path = dir.join(segment_file_name(active.id));
         active.file.sync_data().map_err(|e| {
-            note_sync_failure(storage.as_ref(), &dir);
+            recovery::note_sync_failure(storage.as_ref(), &dir);
             Error::io("sync", active_path, e)
         })?;
         let log = LogWriter::new(

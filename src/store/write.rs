@@ -233,7 +233,7 @@ impl Store {
     }
 
     fn note_sync_failure(&self) {
-        super::note_sync_failure(self.options.storage.as_ref(), &self.dir);
+        crate::recovery::note_sync_failure(self.options.storage.as_ref(), &self.dir);
     }
 
     /// As `publish`, for a caller that holds the writer lock; also notes `lsn` as durable.
