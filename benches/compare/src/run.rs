@@ -123,13 +123,16 @@ pub fn proc_status_kb(field: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Bytes allocated to the files under `dir` (what `du` counts: sparse or
+/// preallocated-but-unwritten parts count only if blocks back them).
 pub fn dir_bytes(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
     let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
     entries
         .flatten()
         .map(|e| match e.metadata() {
             Ok(m) if m.is_dir() => dir_bytes(&e.path()),
-            Ok(m) => m.len(),
+            Ok(m) => m.blocks() * 512,
             Err(_) => 0,
         })
         .sum()
