@@ -77,12 +77,16 @@ impl SegmentMaps {
         (bytes, maps.len() as u64)
     }
 
-    /// A map of `segment` covering at least `end` bytes.
-    fn map_covering(&self, segment: u32, end: usize) -> Result<Bytes> {
-        if let Some(m) = self.maps.read().get(&segment)
-            && m.map.len() >= end
+    /// Calls `f` with a map of `segment` covering at least `end` bytes,
+    /// under the maps' read lock (the hot path takes no reference count).
+    fn with_map<R>(&self, segment: u32, end: usize, f: impl FnOnce(&Bytes) -> R) -> Result<R> {
         {
-            return Ok(m.map.clone());
+            let maps = self.maps.read();
+            if let Some(m) = maps.get(&segment)
+                && m.map.len() >= end
+            {
+                return Ok(f(&m.map));
+            }
         }
         let mut maps = self.maps.write();
         let m = maps
@@ -95,12 +99,24 @@ impl SegmentMaps {
                 .map(self.reserve)
                 .map_err(|e| Error::io("map", file_name, e))?;
         }
-        Ok(m.map.clone())
+        Ok(f(&m.map))
     }
 
-    /// The stored CRC and bytes of a value, unchecked, within the map that holds them.
-    fn raw(&self, value: ValueRef) -> Result<(u32, Bytes, std::ops::Range<usize>)> {
+    /// Calls `f` with a value's stored CRC, unchecked, and the map and range
+    /// that hold its bytes.
+    fn with_raw<R>(
+        &self,
+        value: ValueRef,
+        f: impl FnOnce(u32, &Bytes, std::ops::Range<usize>) -> R,
+    ) -> Result<R> {
         let at = value.offset as usize;
+        let beyond = || {
+            corruption(
+                value.segment,
+                u64::from(value.offset),
+                "value beyond the end of its segment",
+            )
+        };
         let start = at.checked_sub(4).ok_or_else(|| {
             corruption(
                 value.segment,
@@ -109,33 +125,32 @@ impl SegmentMaps {
             )
         })?;
         let end = at + value.len as usize;
-        let map = self.map_covering(value.segment, end)?;
-        let crc = map
-            .get(start..at)
-            .and_then(|b| <[u8; 4]>::try_from(b).ok())
-            .map(u32::from_le_bytes)
-            .ok_or_else(|| {
-                corruption(
-                    value.segment,
-                    u64::from(value.offset),
-                    "value beyond the end of its segment",
-                )
-            })?;
-        Ok((crc, map, at..end))
+        self.with_map(value.segment, end, |map| {
+            let crc = map
+                .get(start..at)
+                .and_then(|b| <[u8; 4]>::try_from(b).ok())
+                .map(u32::from_le_bytes);
+            match crc {
+                Some(crc) if end <= map.len() => Ok(f(crc, map, at..end)),
+                _ => Err(beyond()),
+            }
+        })?
     }
 
     /// Reads a value and checks its CRC. Corrupt bytes are never returned.
     pub(crate) fn read(&self, value: ValueRef) -> Result<Bytes> {
-        let (crc, map, range) = self.raw(value)?;
-        let bytes = map.get(range.clone()).unwrap_or_default();
-        if crc32fast::hash(bytes) != crc {
-            return Err(corruption(
-                value.segment,
-                range.start as u64 - 4,
-                "value checksum mismatch",
-            ));
-        }
-        Ok(map.slice(range))
+        self.with_raw(value, |crc, map, range| {
+            let bytes = map.get(range.clone()).unwrap_or_default();
+            if crc32fast::hash(bytes) == crc {
+                Ok(map.slice(range))
+            } else {
+                Err(corruption(
+                    value.segment,
+                    range.start as u64 - 4,
+                    "value checksum mismatch",
+                ))
+            }
+        })?
     }
 
     /// Whether the stored value equals `candidate`. Cheaper than `read`:
@@ -146,8 +161,10 @@ impl SegmentMaps {
         if value.len as usize != candidate.len() {
             return Ok(false);
         }
-        let (crc, map, range) = self.raw(value)?;
-        Ok(crc == crc32fast::hash(candidate) && map.get(range) == Some(candidate))
+        let candidate_crc = crc32fast::hash(candidate);
+        self.with_raw(value, |crc, map, range| {
+            crc == candidate_crc && map.get(range) == Some(candidate)
+        })
     }
 }
 
