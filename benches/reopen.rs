@@ -1,7 +1,7 @@
-//! Reopen and footprint figures (BENCHMARKS.md W5; issue "bounded memory and
-//! disk"): a store with 1 million live keys and 5 million seen ids, opened
-//! from its snapshot and by full replay, in one run; index bytes per seen id
-//! and per key; disk bytes after compaction against the live data.
+//! Reopen and footprint figures (workload W5 of the benchmark suite): a
+//! store with 1 million live keys and 5 million seen ids, opened from its
+//! snapshot and by full replay, in one run; index bytes per seen id and per
+//! key; disk bytes after compaction against the live data.
 //!
 //! `cargo bench --bench reopen` (set `IDEMKV_BENCH_SCALE=0.1` for a tenth of it).
 

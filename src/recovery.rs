@@ -285,7 +285,7 @@ fn replay(
         ));
     }
     let mut reader = SegmentReader::starting_at(map, id, from);
-    let mut loader = StateLoader::default();
+    let mut loader = StateLoader::new(FileKind::Base);
     for item in reader.by_ref() {
         let record = item.map_err(|bad| Problem {
             is_tail: is_last && bad.is_tail && kind == FileKind::Log,
@@ -345,7 +345,7 @@ fn load_snapshot(
     if decode_segment_header(&map, 0)? != FileKind::Snapshot {
         return Err("not a snapshot file".into());
     }
-    let mut loader = StateLoader::default();
+    let mut loader = StateLoader::new(FileKind::Snapshot);
     for item in SegmentReader::new(&map, 0) {
         let record = item.map_err(|bad| format!("{} at offset {}", bad.reason, bad.offset))?;
         loader

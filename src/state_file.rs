@@ -244,8 +244,11 @@ pub(crate) fn write(
 }
 
 /// Rebuilds an index from the state records of one file, in order.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct StateLoader {
+    /// Whose records these are: a base segment holds values inline, a
+    /// snapshot refers to them; anything else is refused.
+    values_inline: bool,
     totals: [u64; 6],
     end: Option<StateEnd>,
     /// For each segment that value references point into, the furthest
@@ -254,6 +257,17 @@ pub(crate) struct StateLoader {
 }
 
 impl StateLoader {
+    /// A loader for a base segment or a snapshot.
+    pub(crate) fn new(kind: FileKind) -> Self {
+        assert!(kind != FileKind::Log, "log segments hold no state records");
+        Self {
+            values_inline: kind == FileKind::Base,
+            totals: [0; 6],
+            end: None,
+            ref_extents: std::collections::BTreeMap::new(),
+        }
+    }
+
     /// Applies one state record found at `body_at` in segment `segment`.
     pub(crate) fn apply(
         &mut self,
@@ -271,6 +285,12 @@ impl StateLoader {
             StateRecord::Keys(keys) => {
                 for k in keys {
                     let state = match k.value {
+                        KeyValue::Inline { .. } if !self.values_inline => {
+                            return Err(fail("a value inline in a snapshot"));
+                        }
+                        KeyValue::Ref { .. } if self.values_inline => {
+                            return Err(fail("a value reference in a base segment"));
+                        }
                         KeyValue::Inline { value, value_at } => {
                             let offset = u32::try_from(value_at)
                                 .ok()
@@ -382,5 +402,43 @@ impl StateLoader {
     /// byte they reach.
     pub(crate) fn ref_extents(&self) -> &std::collections::BTreeMap<u32, u64> {
         &self.ref_extents
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys_record(value: KeyValue<'_>) -> Vec<u8> {
+        let mut body = Vec::new();
+        state::encode_count(&mut body, 1);
+        state::encode_key(&mut body, b"k", 1, value);
+        body
+    }
+
+    #[test]
+    fn each_file_kind_takes_only_its_own_kind_of_value() {
+        let inline = keys_record(KeyValue::Inline {
+            value: b"v",
+            value_at: 0,
+        });
+        let reference = keys_record(KeyValue::Ref {
+            segment: 1,
+            offset: 40,
+            len: 1,
+        });
+        let load = |kind, body: &[u8]| {
+            StateLoader::new(kind).apply(&mut Index::default(), state::KIND_KEYS, body, 1, 100)
+        };
+        assert!(load(FileKind::Base, &inline).is_ok());
+        assert!(load(FileKind::Snapshot, &reference).is_ok());
+        assert!(
+            load(FileKind::Snapshot, &inline).is_err(),
+            "a snapshot refers to values"
+        );
+        assert!(
+            load(FileKind::Base, &reference).is_err(),
+            "a base holds its values"
+        );
     }
 }

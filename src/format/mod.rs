@@ -11,8 +11,9 @@ pub(crate) mod state;
 
 /// Format version written in every segment header.
 ///
-/// Version 1 (never released) had 24-byte frames without `synced_to`; its
-/// segments are refused rather than misread as torn.
+/// Version 1 was never released and changed in place (its early builds had
+/// 24-byte frames without `synced_to`); its segments are refused rather
+/// than misread as torn.
 pub(crate) const FORMAT_VERSION: u32 = 2;
 
 /// Longest event id, key, batch id or checkpoint source, in bytes.

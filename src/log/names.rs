@@ -19,12 +19,13 @@ pub(crate) fn segment_file_name(id: u32) -> String {
 }
 
 /// The segment id a file name stands for, if it is a segment file name.
+/// Ids start at 1: `0000000000.seg` is no segment (and is ignored).
 pub(crate) fn parse_segment_file_name(name: &str) -> Option<u32> {
     let digits = name.strip_suffix(".seg")?;
     if digits.len() != 10 || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    digits.parse().ok()
+    digits.parse().ok().filter(|&id| id > 0)
 }
 
 #[cfg(test)]
@@ -40,6 +41,7 @@ mod tests {
             Some(u32::MAX)
         );
         for bad in [
+            "0000000000.seg",
             "12.seg",
             "000000001a.seg",
             "0000000012.log",

@@ -167,7 +167,6 @@ impl Store {
             .map_err(|e| Error::io("sync", path, e))
             .inspect_err(|e| self.poison("snapshot sync failed", e))?;
         self.publish_locked(writer, lsn);
-        writer.saved_at(lsn);
         let first_segment = self.maps.first_id().unwrap_or(segment);
         let index = self.index.read();
         let end = StateEnd {
@@ -176,11 +175,13 @@ impl Store {
             first_segment,
             ..StateEnd::default()
         };
-        self.write_snapshot(&index, end)
+        self.write_snapshot(&index, end)?;
+        writer.saved_at(lsn);
+        Ok(())
     }
 
-    /// Closes the store, writing a snapshot first if the log grew since it
-    /// was opened (or was replayed in full).
+    /// Closes the store, writing a snapshot first if it would spare the next
+    /// open at least 64 KiB of log replay.
     ///
     /// # Errors
     /// As [`Store::snapshot`]; the store is closed either way.

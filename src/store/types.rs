@@ -73,7 +73,8 @@ pub struct VerifyReport {
 pub struct RepairReport {
     /// Records in the salvaged prefix.
     pub records_kept: u64,
-    /// Segment id and offset of the first bad record, if any.
+    /// Segment id and offset of the first bad byte found, if any (it may lie
+    /// inside the record that repair cut, which starts at or before it).
     pub first_bad: Option<(u64, u64)>,
     pub bytes_dropped: u64,
     pub segments_dropped: u64,
