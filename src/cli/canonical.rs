@@ -107,6 +107,23 @@ mod tests {
         String::from_utf8(canonicalize(text.as_bytes()).expect("valid json")).expect("utf-8")
     }
 
+    /// Found by the `ndjson_line` fuzz target: without exact float parsing,
+    /// `1.3333333333333335e+33` read back as `1.3333333333333337e+33`, so a
+    /// canonical value was not canonical a second time.
+    #[test]
+    fn canonical_numbers_read_back_as_themselves() {
+        for text in [
+            "1333333333333333333333333333333333",
+            "0.1",
+            "2.5e-300",
+            "-1.7976931348623157e308",
+            "123456789.123456789",
+        ] {
+            let once = canon(text);
+            assert_eq!(canon(&once), once, "{text}");
+        }
+    }
+
     #[test]
     fn object_keys_are_sorted_and_whitespace_dropped() {
         assert_eq!(
