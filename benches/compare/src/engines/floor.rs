@@ -1,9 +1,8 @@
 //! The two floors.
 //!
 //! - CPU floor: SPEC section 3 in std `HashMap`s with owned keys, no log, no
-//!   durability. A batch is staged (touched keys and ids first seen in the
-//!   batch) and merged only if no delivery refuses it, so that a refused batch
-//!   changes nothing, as everywhere else.
+//!   durability. A batch writes straight into the maps and keeps an undo log,
+//!   so that a refused batch changes nothing, as everywhere else.
 //! - Disk floor: each batch's deliveries serialized and appended to one file,
 //!   synced in durable mode; no logic at all, so no state and no digest.
 
@@ -57,30 +56,59 @@ impl State {
                 ..*report
             });
         }
+        // Writes go straight into the maps; the undo log puts back what a
+        // refused batch changed.
+        let mut undo_rows: Vec<(&[u8], Option<Row>)> = Vec::new();
+        let mut undo_seen: Vec<&[u8]> = Vec::new();
+        let result = self.apply_in_place(batch, &mut undo_rows, &mut undo_seen);
+        if result.is_err() {
+            for id in undo_seen {
+                self.seen.remove(id);
+            }
+            for (key, old) in undo_rows.into_iter().rev() {
+                match old {
+                    Some(row) => {
+                        self.rows.insert(key.to_vec(), row);
+                    }
+                    None => {
+                        self.rows.remove(key);
+                    }
+                }
+            }
+            return result;
+        }
+        let report = result?;
+        self.batches.insert(batch.id().to_vec(), (content, report));
+        for (source, position) in batch.checkpoints() {
+            self.checkpoints.insert(source.to_vec(), position.to_vec());
+        }
+        Ok(report)
+    }
+
+    fn apply_in_place<'b>(
+        &mut self,
+        batch: &'b Batch,
+        undo_rows: &mut Vec<(&'b [u8], Option<Row>)>,
+        undo_seen: &mut Vec<&'b [u8]>,
+    ) -> Result<BatchReport, Refused> {
         let mut report = BatchReport::default();
-        // Staged effects of this batch: key -> new row; id -> payload.
-        let mut touched: HashMap<&[u8], Row> = HashMap::with_capacity(batch.len());
-        let mut seen_here: HashMap<&[u8], u64> = HashMap::with_capacity(batch.len());
         for (index, d) in batch.deliveries().iter().enumerate() {
             if let Some(reason) = static_problem(d) {
                 return Err(Refused::InvalidEvent { index, reason });
             }
             let payload = payload_hash(d);
-            let seen = seen_here
-                .get(&d.event_id[..])
-                .or_else(|| self.seen.get(&d.event_id[..]));
-            if let Some(&seen) = seen {
+            if let Some(&seen) = self.seen.get(&d.event_id[..]) {
                 if seen == payload {
                     report.duplicates += 1;
                     continue;
                 }
                 return Err(Refused::ConflictingEvent { index });
             }
-            let current = touched.get(&d.key[..]).or_else(|| self.rows.get(&d.key[..]));
-            let version = current.map(|r| r.seq);
-            let live = current.and_then(|r| r.value.as_deref());
+            let current = self.rows.get_mut(&d.key[..]);
+            let version = current.as_ref().map(|r| r.seq);
             let new_row = match &d.op {
                 Op::Add(delta) => {
+                    let live = current.as_ref().and_then(|r| r.value.as_deref());
                     let base = match live {
                         None => 0,
                         Some(v) => parse_counter(v).ok_or_else(|| Refused::InvalidEvent {
@@ -109,21 +137,31 @@ impl State {
                         value: None,
                     })
                 }
-                Op::Put(value) => match live {
-                    None => {
-                        report.inserted += 1;
+                Op::Put(value) => match current {
+                    // Unchanged: the version advances, the value stays.
+                    Some(row) if row.value.as_deref() == Some(&value[..]) => {
+                        report.unchanged += 1;
+                        let old = Row {
+                            seq: row.seq,
+                            value: row.value.clone(),
+                        };
+                        row.seq = d.seq;
+                        undo_rows.push((&d.key[..], Some(old)));
+                        None
+                    }
+                    Some(row) => {
+                        if row.value.is_some() {
+                            report.updated += 1;
+                        } else {
+                            report.inserted += 1;
+                        }
                         Some(Row {
                             seq: d.seq,
                             value: Some(value.to_vec()),
                         })
                     }
-                    Some(old) if old == &value[..] => {
-                        report.unchanged += 1;
-                        let value = Some(old.to_vec());
-                        Some(Row { seq: d.seq, value })
-                    }
-                    Some(_) => {
-                        report.updated += 1;
+                    None => {
+                        report.inserted += 1;
                         Some(Row {
                             seq: d.seq,
                             value: Some(value.to_vec()),
@@ -133,24 +171,14 @@ impl State {
                 Op::Malformed { .. } => unreachable!("refused by the static checks"),
             };
             if let Some(row) = new_row {
-                touched.insert(&d.key[..], row);
+                let old = match self.rows.get_mut(&d.key[..]) {
+                    Some(slot) => Some(std::mem::replace(slot, row)),
+                    None => self.rows.insert(d.key.to_vec(), row),
+                };
+                undo_rows.push((&d.key[..], old));
             }
-            seen_here.insert(&d.event_id[..], payload);
-        }
-        for (key, row) in touched {
-            match self.rows.get_mut(key) {
-                Some(slot) => *slot = row,
-                None => {
-                    self.rows.insert(key.to_vec(), row);
-                }
-            }
-        }
-        for (id, payload) in seen_here {
-            self.seen.insert(id.to_vec(), payload);
-        }
-        self.batches.insert(batch.id().to_vec(), (content, report));
-        for (source, position) in batch.checkpoints() {
-            self.checkpoints.insert(source.to_vec(), position.to_vec());
+            self.seen.insert(d.event_id.to_vec(), payload);
+            undo_seen.push(&d.event_id[..]);
         }
         Ok(report)
     }
