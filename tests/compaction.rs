@@ -378,3 +378,28 @@ fn a_torn_tail_after_the_snapshot_is_cut_and_the_snapshot_still_used() {
     }
     assert_eq!(observe(&store), observe(&reference));
 }
+
+#[test]
+fn a_missing_segment_is_corruption_naming_it_never_a_shorter_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0_MS);
+    let store = Store::open(dir.path(), options(&clock)).unwrap();
+    for i in 0..40 {
+        store.apply_batch(&batch(i)).unwrap();
+    }
+    drop(store);
+    let _ = std::fs::remove_file(dir.path().join("SNAPSHOT"));
+    let segments = segment_files(dir.path());
+    assert!(segments.len() >= 4, "{segments:?}");
+    for missing in [&segments[0], &segments[2]] {
+        let copy = tempfile::tempdir().unwrap();
+        copy_dir(dir.path(), copy.path());
+        std::fs::remove_file(copy.path().join(missing)).unwrap();
+        match Store::open(copy.path(), options(&clock)) {
+            Err(idemkv::Error::Corruption {
+                file, offset: 0, ..
+            }) => assert_eq!(&file, missing),
+            other => panic!("without {missing}: {other:?}"),
+        }
+    }
+}
