@@ -30,7 +30,7 @@ fn split(id: u128) -> [u64; 2] {
 /// Recent inserts merge into the sorted run once they exceed
 /// `max(RECENT_MIN, run / RECENT_FRACTION)`.
 const RECENT_MIN: usize = 4096;
-const RECENT_FRACTION: usize = 32;
+const RECENT_FRACTION: usize = 16;
 /// Target entries per directory bucket.
 const BUCKET_ENTRIES: usize = 8;
 
