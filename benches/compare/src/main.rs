@@ -43,7 +43,7 @@ fn usage() -> ! {
   --all         W1 to W5 (the default)
   --quick       scale 0.05 (about a minute per workload); --scale 1 is the reference
   --scale F     also from COMPARE_SCALE
-  --runs N      runs per engine and mode; the median by deliveries/s is shown
+  --runs N      runs per engine and mode, round-robin; the median by deliveries/s is shown
   --dir DIR     where stores are made (default: a directory under the system temp dir)
   --out FILE    also write the tables (markdown) to FILE
   --check       only the semantics check
@@ -138,7 +138,7 @@ fn main() {
     for &w in &args.workloads {
         let mut by_threads = Vec::new();
         for threads in threads_of(w, &args) {
-            let results = run_workload(&args, w, threads);
+            let results = run_workload(&args, w, threads, &mut failures);
             let mut section = String::new();
             failures.extend(check(w, threads, &results));
             table(&mut section, w, threads, &results, &args);
@@ -272,11 +272,15 @@ struct Row {
     outcome: Outcome,
 }
 
-fn run_workload(args: &Args, w: Workload, threads: usize) -> Vec<Row> {
-    let mut rows = Vec::new();
-    for (kind, mode) in cases(w, args) {
-        let mut runs = Vec::new();
-        for _ in 0..args.runs.max(1) {
+/// Runs every case `--runs` times, round-robin (so that a slow spell of a
+/// shared machine hits several engines rather than all runs of one), and
+/// keeps each case's median run by deliveries/s. Every run's digests must
+/// agree with the case's first run.
+fn run_workload(args: &Args, w: Workload, threads: usize, failures: &mut Vec<String>) -> Vec<Row> {
+    let cases = cases(w, args);
+    let mut runs: Vec<Vec<Outcome>> = cases.iter().map(|_| Vec::new()).collect();
+    for round in 0..args.runs.max(1) {
+        for (i, &(kind, mode)) in cases.iter().enumerate() {
             let dir = args.dir.join(format!("{}-{}-{}-t{threads}", w.name(), kind.name(), mode.name()));
             let _ = std::fs::remove_dir_all(&dir);
             let mut job = Job {
@@ -288,7 +292,7 @@ fn run_workload(args: &Args, w: Workload, threads: usize) -> Vec<Row> {
                 dir: dir.clone(),
                 phase: Phase::Run,
             };
-            eprintln!("{} t{threads}: {} {} ...", w.name(), kind.name(), mode.name());
+            eprintln!("{} t{threads} run {}: {} {} ...", w.name(), round + 1, kind.name(), mode.name());
             let mut outcome = child(&job);
             if kind.persistent() {
                 job.phase = Phase::Reopen;
@@ -305,13 +309,29 @@ fn run_workload(args: &Args, w: Workload, threads: usize) -> Vec<Row> {
                 outcome.digest.as_deref().unwrap_or("-")
             );
             let _ = std::fs::remove_dir_all(&dir);
-            runs.push(outcome);
+            if let Some(first) = runs[i].first() {
+                if first.digest != outcome.digest || first.reopen_digest != outcome.reopen_digest {
+                    failures.push(format!(
+                        "{} t{threads} {} {}: run {} ended in another digest than run 1",
+                        w.name(),
+                        kind.name(),
+                        mode.name(),
+                        round + 1
+                    ));
+                }
+            }
+            runs[i].push(outcome);
         }
-        runs.sort_by(|a, b| a.deliveries_per_s().total_cmp(&b.deliveries_per_s()));
-        let outcome = runs.swap_remove(runs.len() / 2);
-        rows.push(Row { kind, mode, outcome });
     }
-    rows
+    cases
+        .into_iter()
+        .zip(runs)
+        .map(|((kind, mode), mut runs)| {
+            runs.sort_by(|a, b| a.deliveries_per_s().total_cmp(&b.deliveries_per_s()));
+            let outcome = runs.swap_remove(runs.len() / 2);
+            Row { kind, mode, outcome }
+        })
+        .collect()
 }
 
 /// Digests (and, with one writer, report totals) must agree; a reopened
