@@ -155,3 +155,33 @@ fn repair_moves_aside_a_corrupt_snapshot_of_a_whole_log() {
     let store = Store::open(dir(), options(&storage)).expect("open after repair");
     assert_eq!(store.get("k").expect("get").map(|r| r.seq), Some(1));
 }
+
+/// Found by `ndjson_line` after 15 minutes (12 million inputs): a put whose
+/// value holds the number `33…31e2` (128 threes, then `1e2`). `parse_line`
+/// stored it as `3.3333333333333334e+130`, but canonicalizing that text
+/// again gave `3.333333333333334e+130`: without its `float_roundtrip`
+/// feature serde_json parses long decimals without correct rounding, so the
+/// shortest text of one `f64` could read back as its neighbour, and a
+/// redelivery that a JSON pipeline re-printed counted as a conflicting event
+/// (or an update). The CI smoke run found the same with another number;
+/// `Cargo.toml` now turns `float_roundtrip` on.
+#[cfg(feature = "cli")]
+#[test]
+fn canonical_json_of_a_float_is_canonical_again() {
+    use idemkv::cli::canonical::canonicalize;
+    let number = format!("{}1e2", "3".repeat(128));
+    let once = canonicalize(number.as_bytes()).expect("a number");
+    let twice = canonicalize(&once).expect("a number");
+    assert_eq!(
+        String::from_utf8_lossy(&twice),
+        String::from_utf8_lossy(&once),
+        "canonical text of {number}"
+    );
+    let line = format!(r#"{{"event_id":"e1","key":"k","seq":1,"op":"put","value":[{number}]}}"#);
+    let delivery =
+        idemkv::cli::parse_line(line.as_bytes(), &Default::default()).expect("a put line");
+    let idemkv::Op::Put(value) = delivery.op else {
+        panic!("a put")
+    };
+    assert_eq!(canonicalize(&value).expect("JSON"), value.to_vec());
+}
