@@ -123,11 +123,14 @@ fn repair_cuts_a_record_that_does_not_decode_at_its_start() {
     Store::verify_dir(dir(), &options(&storage)).expect("verify after repair");
 }
 
-/// Found by `open_store` once `close` stopped rewriting a snapshot of a small
-/// log: a seed store with one byte of its `SNAPSHOT` flipped. `verify_dir`
-/// reports the snapshot as `Corruption`, `open` falls back to a full replay,
-/// and `repair` returned at once because the log itself is whole, leaving
-/// the snapshot that `verify_dir` keeps refusing.
+/// Found through the `open_store` target's check that a repaired store
+/// verifies, once `close` stopped rewriting the snapshot of a small log
+/// (before that, the reopen in the check wrote a fresh snapshot and hid
+/// this); shown by hand with the input the check implies, a seed store with
+/// one byte of its `SNAPSHOT` flipped. `verify_dir` reports the snapshot as
+/// `Corruption`, `open` falls back to a full replay, and `repair` returned
+/// at once because the log itself is whole, leaving the snapshot that
+/// `verify_dir` keeps refusing.
 ///
 /// Repair moves a snapshot that does not load or does not fit the log into
 /// `lost+found/`, as the table in `src/recovery.rs` says.
