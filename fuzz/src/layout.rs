@@ -18,6 +18,20 @@ pub enum FileKind {
 /// Record kind of a batch record; state records are 2 (keys) to 8 (end).
 pub const KIND_BATCH: u8 = 1;
 
+/// The format version the engine writes, read from a segment header it
+/// wrote, so that frames built here never lag behind the engine.
+pub fn format_version() -> u32 {
+    static VERSION: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *VERSION.get_or_init(|| {
+        let files = crate::image::SeedStore::Closed.files();
+        let (_, segment) = files
+            .iter()
+            .find(|(n, _)| n.ends_with(".seg"))
+            .expect("a new store has a segment");
+        u32_at(segment, 8)
+    })
+}
+
 fn u32_at(buf: &[u8], at: usize) -> u32 {
     let mut b = [0u8; 4];
     b.copy_from_slice(&buf[at..at + 4]);
@@ -32,7 +46,7 @@ fn put_u32_at(buf: &mut [u8], at: usize, v: u32) {
 pub fn segment_header(id: u32, kind: FileKind) -> [u8; SEGMENT_HEADER_LEN] {
     let mut h = [0u8; SEGMENT_HEADER_LEN];
     h[..8].copy_from_slice(b"IDEMKVSG");
-    put_u32_at(&mut h, 8, 1);
+    put_u32_at(&mut h, 8, format_version());
     put_u32_at(&mut h, 12, id);
     put_u32_at(&mut h, 16, kind as u32);
     let crc = crc32fast::hash(&h[..24]);
@@ -106,6 +120,15 @@ pub fn mend_checksums(file: &mut [u8], segment_id: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_engine_accepts_a_header_built_here() {
+        let header = segment_header(1, FileKind::Log).to_vec();
+        let storage = crate::image::disk_with(&[(crate::image::segment_name(1), header)]);
+        let clock = idemkv::ManualClock::new(crate::image::START_MS);
+        let opts = crate::image::options(&storage, &clock);
+        idemkv::Store::verify_dir(crate::image::dir(), &opts).expect("a valid empty segment");
+    }
 
     #[test]
     fn frames_round_trip_and_mending_restores_them() {
