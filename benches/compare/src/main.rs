@@ -597,5 +597,5 @@ fn w5_table(out: &mut String, rows: &[Row], args: &Args) {
             o.digest.as_deref().map_or("-".to_owned(), |d| d[..12].to_owned()),
         );
     }
-    let _ = writeln!(out, "\nidemkv's plain reopen loads its snapshot; \"full replay\" deletes the snapshot first. The peers have one way to open.");
+    let _ = writeln!(out, "\nidemkv's plain reopen loads its snapshot; \"full replay\" deletes the snapshot first. The peers have one way to open. Index bytes per key include the key's own bytes (10).");
 }
