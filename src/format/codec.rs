@@ -40,6 +40,15 @@ pub(crate) fn put_bytes(buf: &mut Vec<u8>, bytes: &[u8]) {
     buf.extend_from_slice(bytes);
 }
 
+/// A value as records carry it: varint length, CRC32 of the bytes, the bytes.
+/// The CRC lets a read of the value alone, long after the record was
+/// checked, verify it.
+pub(crate) fn put_value(buf: &mut Vec<u8>, value: &[u8]) {
+    put_varint(buf, value.len() as u64);
+    put_u32(buf, crc32fast::hash(value));
+    buf.extend_from_slice(value);
+}
+
 /// Reads primitives from a byte slice, tracking the offset.
 #[derive(Debug)]
 pub(crate) struct Decoder<'a> {
@@ -146,6 +155,21 @@ impl<'a> Decoder<'a> {
     ) -> Result<&'a [u8], DecodeError> {
         let len = self.len(max, what)?;
         self.take(len, what)
+    }
+
+    /// A value written by `put_value`, checked; returns it and its offset.
+    pub(crate) fn value(&mut self, max: usize) -> Result<(&'a [u8], usize), DecodeError> {
+        let len = self.len(max, "value length")?;
+        let crc = self.u32("value checksum")?;
+        let at = self.position();
+        let value = self.take(len, "value")?;
+        if crc32fast::hash(value) != crc {
+            return Err(DecodeError {
+                offset: at,
+                what: "value checksum mismatch",
+            });
+        }
+        Ok((value, at))
     }
 
     pub(crate) fn finish(&self) -> Result<(), DecodeError> {

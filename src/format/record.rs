@@ -114,19 +114,13 @@ pub(crate) fn encode_write(buf: &mut Vec<u8>, key: &[u8], seq: u64, op: WriteSou
         WriteSource::Put(value) => {
             codec::put_u8(buf, WRITE_PUT);
             match value {
-                ValueSource::Bytes(v) => put_value(buf, v),
-                ValueSource::Counter(n) => put_value(buf, CounterText::new(n).as_bytes()),
+                ValueSource::Bytes(v) => codec::put_value(buf, v),
+                ValueSource::Counter(n) => codec::put_value(buf, CounterText::new(n).as_bytes()),
             }
         }
         WriteSource::Delete => codec::put_u8(buf, WRITE_DELETE),
         WriteSource::Bump => codec::put_u8(buf, WRITE_BUMP),
     }
-}
-
-fn put_value(buf: &mut Vec<u8>, value: &[u8]) {
-    codec::put_varint(buf, value.len() as u64);
-    codec::put_u32(buf, crc32fast::hash(value));
-    buf.extend_from_slice(value);
 }
 
 pub(crate) fn encode_checkpoints<'a>(
@@ -188,16 +182,7 @@ pub(crate) fn decode_batch(body: &[u8]) -> Result<BatchRecord<'_>, DecodeError> 
         let seq = d.varint("seq")?;
         let op = match d.u8("write tag")? {
             WRITE_PUT => {
-                let len = d.len(RECORD_BODY_BYTES_MAX, "value length")?;
-                let crc = d.u32("value checksum")?;
-                let value_at = d.position();
-                let value = d.take(len, "value")?;
-                if crc32fast::hash(value) != crc {
-                    return Err(DecodeError {
-                        offset: value_at,
-                        what: "value checksum mismatch",
-                    });
-                }
+                let (value, value_at) = d.value(RECORD_BODY_BYTES_MAX)?;
                 WriteView::Put { value, value_at }
             }
             WRITE_DELETE => WriteView::Delete,

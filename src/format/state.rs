@@ -117,9 +117,7 @@ pub(crate) fn encode_key(buf: &mut Vec<u8>, key: &[u8], seq: u64, value: KeyValu
     match value {
         KeyValue::Inline { value, .. } => {
             codec::put_u8(buf, KEY_INLINE);
-            codec::put_varint(buf, value.len() as u64);
-            codec::put_u32(buf, crc32fast::hash(value));
-            buf.extend_from_slice(value);
+            codec::put_value(buf, value);
         }
         KeyValue::Ref {
             segment,
@@ -215,16 +213,7 @@ pub(crate) fn decode_state(kind: u8, body: &[u8]) -> Result<StateRecord<'_>, Dec
             let seq = d.varint("seq")?;
             let value = match d.u8("key entry tag")? {
                 KEY_INLINE => {
-                    let len = d.len(RECORD_BODY_BYTES_MAX, "value length")?;
-                    let crc = d.u32("value checksum")?;
-                    let value_at = d.position();
-                    let value = d.take(len, "value")?;
-                    if crc32fast::hash(value) != crc {
-                        return Err(DecodeError {
-                            offset: value_at,
-                            what: "value checksum mismatch",
-                        });
-                    }
+                    let (value, value_at) = d.value(RECORD_BODY_BYTES_MAX)?;
                     KeyValue::Inline { value, value_at }
                 }
                 KEY_REF => KeyValue::Ref {
