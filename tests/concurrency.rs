@@ -249,3 +249,34 @@ fn concurrent_redeliveries_of_the_same_events_apply_once() {
     assert_eq!(counter(&store), EVENTS);
     assert_eq!(store.scan_prefix("rows/").count() as u64, EVENTS);
 }
+
+#[test]
+fn every_writer_reads_its_own_batch_on_return_and_writers_share_syncs() {
+    // A sync's publishing runs while the next sync starts, and a syncer may
+    // wait for other writers' records: neither may let `apply_batch` return
+    // before its batch is visible.
+    let dir = tempfile::tempdir().unwrap();
+    let store =
+        Store::open(dir.path(), Options::default().durability(Durability::Sync)).expect("open");
+    let syncs_before = store.stats().syncs;
+    std::thread::scope(|s| {
+        for t in 0..WRITERS {
+            let store = &store;
+            s.spawn(move || {
+                for i in 0..BATCHES {
+                    store.apply_batch(&batch(t, i)).expect("apply");
+                    let row = store.get(format!("t{t}/a")).expect("get").expect("row");
+                    assert_eq!(row.seq, i + 1, "writer {t} reads its batch {i} on return");
+                    assert_eq!(checkpoint(store, t), Some(i));
+                }
+            });
+        }
+    });
+    let batches = WRITERS as u64 * BATCHES;
+    let syncs = store.stats().syncs - syncs_before;
+    assert!(
+        syncs < batches,
+        "{WRITERS} writers share syncs: {syncs} syncs for {batches} batches"
+    );
+    check_final_state(&store);
+}

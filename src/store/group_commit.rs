@@ -8,10 +8,26 @@
 //! once what it covers is published, so a caller that returns can read its
 //! own batch.
 //!
+//! The next sync does not wait for the previous one's publishing: a syncer
+//! first notes `synced` and hands the turn on, then publishes. Publishing is
+//! idempotent and in log order (whoever publishes first applies every
+//! pending record the sync covered), so two syncers may publish in either
+//! order; `durable` moves only after its own syncer's publish returned.
+//!
+//! Gathering: a sync covers every record written before it starts, so with
+//! several writers the syncs would split them into two alternating halves
+//! (those that wrote during the last sync, and those it released). The
+//! records the last sync covered plus those written while it ran are how
+//! many writers are active; until that many records wait, the next syncer
+//! waits for them, for at most as long as the last sync took, so that one
+//! sync serves them all. A lone writer's records never arrive during its
+//! own sync, so it never waits.
+//!
 //! After a failed write or sync the store is poisoned: a failed fsync may have
 //! dropped dirty pages, so it is never retried and nothing is assumed durable.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
@@ -31,23 +47,54 @@ struct State {
     /// Newest position written, and the file it is in.
     written: u64,
     file: Option<Arc<dyn StorageFile>>,
-    /// Everything before this position is durable.
+    /// Everything before this position is on stable storage.
+    synced: u64,
+    /// Everything before this position is on stable storage and published.
     durable: u64,
+    /// A syncer is gathering records or syncing: no one else starts a sync.
     is_syncing: bool,
+    /// What the running sync covers, once it has stopped gathering.
+    sync_target: Option<u64>,
+    /// Waiters whose records the running sync does not cover.
+    awaiting_turn: u32,
+    /// The syncer is waiting for more records (see the module comment).
+    is_gathering: bool,
     poisoned: Option<String>,
     /// Commit syncs run since open (each may cover many callers' batches).
     syncs: u64,
+    /// Records written since open, and how many of them a sync has claimed.
+    records_written: u64,
+    records_claimed: u64,
+    /// Records the last sync covered plus those written while it ran.
+    cohort: u64,
+    /// How long the last sync took.
+    last_sync: Duration,
 }
 
 #[derive(Debug, Default)]
 pub(crate) struct GroupCommit {
     state: Mutex<State>,
     synced: Condvar,
+    /// Signals a gathering syncer that a record was written.
+    joined: Condvar,
 }
 
 impl GroupCommit {
-    /// Notes a record written up to `lsn` into `file`. Caller holds the writer lock.
+    /// Notes a batch record written up to `lsn` into `file`. Caller holds the writer lock.
     pub(crate) fn written(&self, lsn: u64, file: &Arc<dyn StorageFile>) {
+        let mut s = self.state.lock();
+        debug_assert!(lsn >= s.written, "written positions only grow");
+        s.written = lsn;
+        s.file = Some(Arc::clone(file));
+        s.records_written += 1;
+        if s.is_gathering && s.records_written - s.records_claimed >= s.cohort {
+            self.joined.notify_one();
+        }
+    }
+
+    /// Notes that the log now ends at `lsn`, in `file` (after a rotation).
+    /// Caller holds the writer lock.
+    pub(crate) fn moved_to(&self, lsn: u64, file: &Arc<dyn StorageFile>) {
         let mut s = self.state.lock();
         debug_assert!(lsn >= s.written, "written positions only grow");
         s.written = lsn;
@@ -57,13 +104,14 @@ impl GroupCommit {
     /// Notes that everything before `lsn` is durable and published.
     pub(crate) fn durable(&self, lsn: u64) {
         let mut s = self.state.lock();
+        s.synced = s.synced.max(lsn);
         s.durable = s.durable.max(lsn);
         self.synced.notify_all();
     }
 
-    /// Everything before this position is durable.
-    pub(crate) fn durable_lsn(&self) -> u64 {
-        self.state.lock().durable
+    /// Everything before this position is on stable storage.
+    pub(crate) fn synced_lsn(&self) -> u64 {
+        self.state.lock().synced
     }
 
     /// Commit syncs run since open.
@@ -107,36 +155,70 @@ impl GroupCommit {
             if s.durable >= lsn {
                 return Ok(());
             }
-            if s.is_syncing {
+            if s.is_syncing || s.synced >= lsn {
+                // A sync is running, or one covered `lsn` and its syncer is
+                // publishing. A running sync that does not cover `lsn` must
+                // hand the turn on when it ends.
+                let awaits_turn = s.synced < lsn && s.sync_target.is_some_and(|t| t < lsn);
+                s.awaiting_turn += u32::from(awaits_turn);
                 self.synced.wait(&mut s);
+                s.awaiting_turn -= u32::from(awaits_turn);
+                continue;
+            }
+            s.is_syncing = true;
+            self.gather(&mut s);
+            if s.poisoned.is_some() {
+                s.is_syncing = false;
+                self.synced.notify_all();
                 continue;
             }
             let target = s.written;
+            s.sync_target = Some(target);
+            let claimed_before = s.records_claimed;
+            s.records_claimed = s.records_written;
             let file = Arc::clone(
                 s.file
                     .as_ref()
                     .expect("a position was written before anyone waits for it"),
             );
-            s.is_syncing = true;
+            let started = Instant::now();
             let synced = parking_lot::MutexGuard::unlocked(&mut s, || {
                 let synced = file.sync_data();
-                match &synced {
-                    Ok(()) => hooks.published(target),
-                    Err(_) => hooks.sync_failed(),
+                if synced.is_err() {
+                    hooks.sync_failed();
                 }
                 synced
             });
             s.is_syncing = false;
-            match synced {
-                Ok(()) => {
-                    s.durable = s.durable.max(target);
-                    s.syncs += 1;
-                }
-                Err(e) => {
-                    s.poisoned.get_or_insert(format!("sync failed: {e}"));
-                }
+            s.sync_target = None;
+            s.last_sync = started.elapsed();
+            s.cohort = s.records_written - claimed_before;
+            if let Err(e) = synced {
+                s.poisoned.get_or_insert(format!("sync failed: {e}"));
+                self.synced.notify_all();
+                continue;
             }
+            s.synced = s.synced.max(target);
+            s.syncs += 1;
+            if s.awaiting_turn > 0 {
+                // Hand the next sync to a waiter while this one publishes.
+                self.synced.notify_all();
+            }
+            parking_lot::MutexGuard::unlocked(&mut s, || hooks.published(target));
+            s.durable = s.durable.max(target);
             self.synced.notify_all();
         }
+    }
+
+    /// Waits, as the next syncer, for as many records as the last sync saw
+    /// (see the module comment).
+    fn gather(&self, s: &mut parking_lot::MutexGuard<'_, State>) {
+        let deadline = Instant::now() + s.last_sync;
+        s.is_gathering = true;
+        while s.records_written - s.records_claimed < s.cohort
+            && s.poisoned.is_none()
+            && !self.joined.wait_until(s, deadline).timed_out()
+        {}
+        s.is_gathering = false;
     }
 }

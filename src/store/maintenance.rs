@@ -53,7 +53,7 @@ impl Store {
             let (cut, _, lsn) = writer.log.position();
             // Sealing synced everything before the cut: no batch below it stays pending.
             self.publish_locked(writer, lsn);
-            self.commit.written(lsn, &file);
+            self.commit.moved_to(lsn, &file);
             let path = self.dir.join(segment_file_name(cut));
             let map = file
                 .map(self.maps_reserve())

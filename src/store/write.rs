@@ -209,7 +209,7 @@ impl Store {
     /// How far the log is synced, if syncs are what make batches durable.
     fn sync_claim(&self) -> Option<u64> {
         match self.options.durability {
-            Durability::Sync => Some(self.commit.durable_lsn()),
+            Durability::Sync => Some(self.commit.synced_lsn()),
             Durability::Buffered => None,
         }
     }
