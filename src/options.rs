@@ -52,6 +52,14 @@ pub struct Options {
     /// How long a tombstone holds back older puts (default `None`: forever).
     /// An expired tombstone lets a put older than the delete resurrect the key.
     pub tombstone_ttl: Option<Duration>,
+    /// Once this many bytes of log were written since the last snapshot (or
+    /// compaction), and at least as many as that snapshot holds,
+    /// `apply_batch` writes a snapshot after its batch commits, so that an
+    /// open after a crash replays at most about this much log (default
+    /// 32 MiB; `None`: snapshots only on close and
+    /// [`Store::snapshot`](crate::Store::snapshot)). Writers pause while
+    /// the index is written to the page cache, not for its sync.
+    pub snapshot_log_bytes: Option<u64>,
     /// Time source, recorded in each batch record.
     pub clock: Arc<dyn Clock>,
     /// All file-system access goes through this.
@@ -70,6 +78,7 @@ impl Default for Options {
             seen_ttl: Some(WEEK),
             batch_ttl: Some(WEEK),
             tombstone_ttl: None,
+            snapshot_log_bytes: Some(32 << 20),
             clock: Arc::new(SystemClock),
             storage: Arc::new(OsStorage),
         }
@@ -123,6 +132,13 @@ impl Options {
     #[must_use]
     pub fn tombstone_ttl(mut self, ttl: Option<Duration>) -> Self {
         self.tombstone_ttl = ttl;
+        self
+    }
+
+    /// Sets [`Options::snapshot_log_bytes`].
+    #[must_use]
+    pub fn snapshot_log_bytes(mut self, bytes: Option<u64>) -> Self {
+        self.snapshot_log_bytes = bytes;
         self
     }
 

@@ -327,6 +327,8 @@ fn replay(
 /// What a loaded snapshot claims of the log, to be checked against it.
 struct LoadedSnapshot {
     end: StateEnd,
+    /// The file's size.
+    bytes: u64,
     /// For each segment its value references point into, the furthest byte.
     ref_extents: std::collections::BTreeMap<u32, u64>,
 }
@@ -355,6 +357,7 @@ fn load_snapshot(
     let end = loader.end().ok_or("snapshot has no end record")?;
     Ok(LoadedSnapshot {
         end,
+        bytes: map.len() as u64,
         ref_extents: loader.ref_extents().clone(),
     })
 }
@@ -388,8 +391,8 @@ fn check_snapshot(snapshot: &LoadedSnapshot, walk: &Walk) -> Result<(), &'static
     Ok(())
 }
 
-/// Whether a snapshot was loaded, or why not (`None` if there was none).
-pub(crate) type SnapshotUse = Option<Result<(), Cow<'static, str>>>;
+/// Whether a snapshot was loaded (its size), or why not (`None` if there was none).
+pub(crate) type SnapshotUse = Option<Result<u64, Cow<'static, str>>>;
 
 /// What `open` found.
 #[derive(Debug)]
@@ -433,7 +436,7 @@ fn replay_log(
                     (Some(p), _) if !p.is_tail => {
                         format!("the log after it does not replay: {}", p.reason).into()
                     }
-                    (_, Ok(())) => return Ok((index, walk, Some(Ok(())))),
+                    (_, Ok(())) => return Ok((index, walk, Some(Ok(snapshot.bytes)))),
                     (_, Err(reason)) => reason.into(),
                 }
             }

@@ -108,8 +108,10 @@ impl StateWriter<'_> {
     }
 }
 
-/// Writes `index` to a new file at `path` (removing a leftover first) and
-/// syncs it. `end` gives the position the state covers; its totals are filled in.
+/// Writes `index` to a new file at `path` (removing a leftover first),
+/// without syncing it: the caller syncs the file before it trusts it, and
+/// need not hold the index meanwhile. `end` gives the position the state
+/// covers; its totals are filled in.
 pub(crate) fn write(
     storage: &dyn Storage,
     path: &Path,
@@ -239,7 +241,6 @@ pub(crate) fn write(
 
     end.log_time_ms = index.log_time_ms;
     w.end(&end)?;
-    w.file.sync_data().map_err(|e| Error::io("sync", path, e))?;
     Ok(w.file)
 }
 

@@ -25,11 +25,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use idemkv::storage::{CrashPolicy, FaultyStorage, OpKind, OpRecord, OpenMode};
+use idemkv::storage::{CrashPolicy, FaultyStorage, OpKind, OpRecord, OpenMode, Storage};
 use idemkv::{Batch, BatchReport, Digest, Durability, ManualClock, Options, Record, Store};
 
 const SOURCE: &str = "src";
 const SEGMENT_BYTES_MAX: u64 = 2048;
+const SNAPSHOT_LOG_BYTES: u64 = 1024;
 
 fn dir() -> PathBuf {
     PathBuf::from("/db")
@@ -40,6 +41,9 @@ fn options(storage: &FaultyStorage, durability: Durability) -> Options {
         .storage(Arc::new(storage.clone()))
         .durability(durability)
         .segment_bytes_max(SEGMENT_BYTES_MAX)
+        // Automatic snapshots during the workload, so that crashes also
+        // land in the ones `apply_batch` writes.
+        .snapshot_log_bytes(Some(SNAPSHOT_LOG_BYTES))
         .clock(Arc::new(ManualClock::new(1_700_000_000_000)))
 }
 
@@ -324,6 +328,15 @@ fn power_loss_at_every_operation_recovers_a_committed_prefix() {
         let n = clean.ops.iter().filter(|o| o.kind == kind).count();
         assert!(n >= 2, "the workload makes {n} {kind:?} operations");
     }
+    let snapshots = clean
+        .ops
+        .iter()
+        .filter(|o| o.kind == OpKind::Rename && o.path.ends_with("SNAPSHOT.tmp"))
+        .count();
+    assert!(
+        snapshots >= 4,
+        "the workload writes automatic snapshots besides its two explicit ones ({snapshots} in all)"
+    );
 
     let mut prefixes_seen = vec![0usize; batches.len() + 1];
     for n in 0..op_count {
@@ -711,4 +724,64 @@ fn buffered_power_loss_with_reordered_writeback_is_a_prefix_or_repairable_corrup
         }
     }
     assert!(cuts > 0, "{cuts} cuts, {repaired} repaired");
+}
+
+/// Automatic snapshots: after a crash, open replays only the log written
+/// since the last one, however long the store ran; without them, all of it.
+#[test]
+fn automatic_snapshots_bound_the_log_replayed_after_a_crash() {
+    const BATCHES: usize = 300;
+    let batch = |i: usize| {
+        Batch::new(format!("B{i:04}"))
+            .put(
+                format!("e{i}"),
+                format!("k{}", i % 50),
+                i as u64 + 1,
+                value(i, 0).repeat(8),
+            )
+            .checkpoint(SOURCE, (i as u64).to_be_bytes())
+    };
+    let mut digests = Vec::new();
+    for every in [Some(16 * 1024), None] {
+        let storage = FaultyStorage::new();
+        let options = options(&storage, Durability::Sync)
+            .segment_bytes_max(1 << 20)
+            .snapshot_log_bytes(every);
+        let store = Store::open(dir(), options.clone()).expect("open");
+        for i in 0..BATCHES {
+            store.apply_batch(&batch(i)).expect("apply");
+        }
+        let digest = store.digest().expect("digest");
+        let image = storage.crash_image(CrashPolicy::ProcessCrash);
+        drop(store);
+
+        let options = options.storage(Arc::new(image.clone()));
+        let reopened = Store::open(dir(), options).expect("reopen after the crash");
+        let stats = reopened.stats();
+        assert_eq!(reopened.digest().expect("digest"), digest, "{every:?}");
+        match every {
+            Some(bytes) => {
+                assert!(stats.opened_from_snapshot, "{stats:?}");
+                // A snapshot is due once the log since the last one reaches
+                // `every` and that snapshot's size; each record holds a
+                // value of about 1.4 KiB.
+                let snapshot_bytes = image
+                    .open(&dir().join("SNAPSHOT"), OpenMode::Read)
+                    .and_then(|f| f.len())
+                    .expect("snapshot");
+                let most = bytes.max(snapshot_bytes) / 1024 + 1;
+                assert!(
+                    stats.records_replayed_at_open <= most,
+                    "replayed {} records, at most {most} expected",
+                    stats.records_replayed_at_open
+                );
+            }
+            None => {
+                assert!(!stats.opened_from_snapshot);
+                assert_eq!(stats.records_replayed_at_open, BATCHES as u64);
+            }
+        }
+        digests.push(digest);
+    }
+    assert_eq!(digests[0], digests[1]);
 }

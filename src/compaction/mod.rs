@@ -96,6 +96,8 @@ pub(crate) fn rewrite(
         end,
     )?;
     drop(state);
+    file.sync_data()
+        .map_err(|e| Error::io("sync", &tmp_path, e))?;
 
     // Read the base back with the loader `open` uses: a base that would not
     // load is never put in place.

@@ -148,35 +148,83 @@ impl Store {
     }
 
     /// Writes a snapshot of the index, so that the next `open` replays only
-    /// the log written after it. Writers wait while the index is written out.
+    /// the log written after it. Writers wait while the index is written out
+    /// (to the page cache); the file's sync and rename happen after they
+    /// resume.
     ///
     /// # Errors
     /// `Io` or `Poisoned` when the disk fails.
     pub fn snapshot(&self) -> Result<()> {
         let _maintenance = self.maintenance.lock();
-        let mut guard = self.writer.lock();
-        let writer = &mut *guard;
-        self.commit.check()?;
-        // The snapshot may only cover what is durable and published.
-        let (segment, offset, lsn) = writer.log.position();
-        let path = self.dir.join(segment_file_name(segment));
-        writer
-            .log
-            .active_file()
-            .sync_data()
-            .map_err(|e| Error::io("sync", path, e))
-            .inspect_err(|e| self.poison("snapshot sync failed", e))?;
-        self.publish_locked(writer, lsn);
-        let first_segment = self.maps.first_id().unwrap_or(segment);
-        let index = self.index.read();
-        let end = StateEnd {
-            covered_segment: segment,
-            covered_offset: offset,
-            first_segment,
-            ..StateEnd::default()
+        self.snapshot_locked()
+    }
+
+    /// Writes a snapshot if enough log was written since the last one (see
+    /// [`Options::snapshot_log_bytes`](crate::Options::snapshot_log_bytes)),
+    /// unless compaction or another snapshot is running. Called after a
+    /// batch committed; a failure here is not the batch's (a failed sync
+    /// still poisons the store).
+    pub(super) fn snapshot_if_due(&self) {
+        let Some(_maintenance) = self.maintenance.try_lock() else {
+            return;
         };
-        self.write_snapshot(&index, end)?;
+        if self.is_snapshot_due(&self.writer.lock()) {
+            let _ = self.snapshot_locked();
+        }
+    }
+
+    /// Whether `apply_batch` should write a snapshot now: the log since the
+    /// last one reached `snapshot_log_bytes` and that snapshot's size, so
+    /// that snapshots never write more bytes than the log they spare.
+    pub(super) fn is_snapshot_due(&self, writer: &super::Writer) -> bool {
+        self.options.snapshot_log_bytes.is_some_and(|every| {
+            writer.unsaved_log_bytes() >= every.max(writer.last_snapshot_bytes)
+        })
+    }
+
+    fn snapshot_locked(&self) -> Result<()> {
+        // Sync the bulk of the active segment (under `Buffered`, up to a
+        // segment of dirty pages) before writers are held back; the sync
+        // under the writer lock then only flushes what came since.
+        let (active, active_id) = {
+            let writer = self.writer.lock();
+            (
+                Arc::clone(writer.log.active_file()),
+                writer.log.position().0,
+            )
+        };
+        active
+            .sync_data()
+            .map_err(|e| Error::io("sync", self.dir.join(segment_file_name(active_id)), e))
+            .inspect_err(|e| self.poison("snapshot sync failed", e))?;
+        let (file, lsn) = {
+            let mut guard = self.writer.lock();
+            let writer = &mut *guard;
+            self.commit.check()?;
+            // The snapshot may only cover what is durable and published.
+            let (segment, offset, lsn) = writer.log.position();
+            let path = self.dir.join(segment_file_name(segment));
+            writer
+                .log
+                .active_file()
+                .sync_data()
+                .map_err(|e| Error::io("sync", path, e))
+                .inspect_err(|e| self.poison("snapshot sync failed", e))?;
+            self.publish_locked(writer, lsn);
+            let first_segment = self.maps.first_id().unwrap_or(segment);
+            let index = self.index.read();
+            let end = StateEnd {
+                covered_segment: segment,
+                covered_offset: offset,
+                first_segment,
+                ..StateEnd::default()
+            };
+            (self.write_snapshot_tmp(&index, end)?, lsn)
+        };
+        let bytes = self.install_snapshot(file.as_ref())?;
+        let mut writer = self.writer.lock();
         writer.saved_at(lsn);
+        writer.last_snapshot_bytes = bytes;
         Ok(())
     }
 
@@ -203,23 +251,39 @@ impl Store {
             && self.writer.lock().unsaved_log_bytes() >= SNAPSHOT_MIN_LOG_BYTES
     }
 
-    fn write_snapshot(&self, index: &Index, end: StateEnd) -> Result<()> {
-        let storage = self.options.storage.as_ref();
-        let tmp = self.dir.join(format!("{SNAPSHOT_FILE}{TMP_SUFFIX}"));
+    fn snapshot_tmp_path(&self) -> std::path::PathBuf {
+        self.dir.join(format!("{SNAPSHOT_FILE}{TMP_SUFFIX}"))
+    }
+
+    /// Writes the index to `SNAPSHOT.tmp`, unsynced.
+    fn write_snapshot_tmp(
+        &self,
+        index: &Index,
+        end: StateEnd,
+    ) -> Result<Arc<dyn crate::storage::StorageFile>> {
         state_file::write(
-            storage,
-            &tmp,
+            self.options.storage.as_ref(),
+            &self.snapshot_tmp_path(),
             FileKind::Snapshot,
             0,
             index,
             &Values::Refs,
             end,
-        )?;
+        )
+    }
+
+    /// Syncs `SNAPSHOT.tmp` and renames it to `SNAPSHOT`; returns its size.
+    fn install_snapshot(&self, file: &dyn crate::storage::StorageFile) -> Result<u64> {
+        let tmp = self.snapshot_tmp_path();
+        file.sync_data().map_err(|e| Error::io("sync", &tmp, e))?;
+        let bytes = file.len().map_err(|e| Error::io("stat", &tmp, e))?;
         let path = self.dir.join(SNAPSHOT_FILE);
-        storage
+        self.options
+            .storage
             .rename(&tmp, &path)
             .map_err(|e| Error::io("rename", &tmp, e))?;
-        self.sync_dir()
+        self.sync_dir()?;
+        Ok(bytes)
     }
 
     /// Bytes of the snapshot file, if there is one.

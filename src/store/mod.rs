@@ -82,6 +82,9 @@ struct Writer {
     /// (the lsn of the last snapshot or compaction cut, or open).
     unsaved_bytes: u64,
     unsaved_since: u64,
+    /// Size of the last snapshot written or loaded (0 if none): automatic
+    /// snapshots wait for at least this much new log.
+    last_snapshot_bytes: u64,
 }
 
 impl Writer {
@@ -209,6 +212,10 @@ impl Store {
             active.id,
             active.valid_len,
         );
+        let last_snapshot_bytes = match recovered.snapshot {
+            Some(Ok(bytes)) => bytes,
+            _ => 0,
+        };
         Ok(Store {
             dir,
             options,
@@ -219,6 +226,7 @@ impl Store {
                 pending: pending::Pending::new(ttls),
                 unsaved_bytes: walk.log_bytes,
                 unsaved_since: 0,
+                last_snapshot_bytes,
             }),
             commit: GroupCommit::default(),
             maintenance: Mutex::new(()),
@@ -370,7 +378,7 @@ impl Store {
             },
             torn_bytes_discarded: self.opened.torn_bytes_discarded,
             records_replayed_at_open: self.opened.records_replayed,
-            opened_from_snapshot: matches!(self.opened.snapshot, Some(Ok(()))),
+            opened_from_snapshot: matches!(self.opened.snapshot, Some(Ok(_))),
             snapshot_rejected: match &self.opened.snapshot {
                 Some(Err(reason)) => Some(reason.to_string()),
                 _ => None,

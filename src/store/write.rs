@@ -200,9 +200,13 @@ impl Store {
         self.commit.written(lsn_end, writer.log.active_file());
         drop(written);
         writer.log.finish(buf);
+        let snapshot_due = self.is_snapshot_due(writer);
         drop(guard);
 
         self.wait_durable(lsn_end)?;
+        if snapshot_due {
+            self.snapshot_if_due();
+        }
         Ok(planned.report)
     }
 
