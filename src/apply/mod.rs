@@ -22,6 +22,8 @@ pub(crate) trait StateView {
     fn value_equals(&self, value: ValueRef, candidate: &[u8]) -> Result<bool>;
     /// The payload hash recorded for a seen event id.
     fn seen(&self, id_hash: u128) -> Option<u64>;
+    /// A hint that `seen(id_hash)` follows shortly.
+    fn prefetch_seen(&self, _id_hash: u128) {}
     /// The seq at or below which a new-looking `Add` on `key` is `too_late`.
     fn add_floor(&self, key: &[u8]) -> Option<u64>;
 }

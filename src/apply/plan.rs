@@ -252,6 +252,9 @@ impl ValueBytes<'_> {
     }
 }
 
+/// How many deliveries ahead the planner prefetches seen-index lines.
+const PREFETCH_AHEAD: usize = 8;
+
 /// Plans `batch` against `view`. `hashes` are the deliveries' hashes, in order.
 ///
 /// # Errors
@@ -272,6 +275,10 @@ pub(crate) fn plan<'b, V: StateView>(
         added: BytesMap::default(),
     };
     for (index, (d, h)) in batch.deliveries().iter().zip(hashes).enumerate() {
+        // Seen-index lookups miss the cache: ask for a later one's line now.
+        if let Some(ahead) = hashes.get(index + PREFETCH_AHEAD) {
+            view.prefetch_seen(ahead.id);
+        }
         let outcome = if let Some(problem) = static_problem(d, options.value_bytes_max) {
             Err(Refusal::Invalid(problem))
         } else {

@@ -10,6 +10,7 @@
 pub(crate) mod add_marks;
 pub(crate) mod batches;
 pub(crate) mod expiry;
+pub(crate) mod id_filter;
 pub(crate) mod keys;
 pub(crate) mod seen;
 

@@ -5,13 +5,16 @@
 //! array of 4-byte times and a small bucket directory over the top bits of
 //! the hash; only recent inserts live in a hash map. When the map outgrows a
 //! fraction of the array it is merged in place, from the back, into the
-//! array, and ids expired by then are dropped on the way.
+//! array, and ids expired by then are dropped on the way. A Bloom filter in
+//! front (1 to 2 bytes per id) answers most lookups of new ids from one
+//! cache line.
 //!
 //! Invariants: `run` is sorted by id and holds no duplicates; `times` is as
 //! long as `run`; no id is in both `run` and `recent`; `dir[b]..dir[b + 1]`
 //! is exactly the range of `run` whose ids have top bits `b`.
 
 use super::expiry::{is_expired, secs_to_ms};
+use super::id_filter::IdFilter;
 use crate::hashing::IdMap;
 
 /// One seen id. `[u64; 2]` rather than `u128` keeps the entry 8-aligned and
@@ -51,6 +54,8 @@ pub(crate) struct SeenIndex {
     dir_bits: u32,
     /// The ids are already uniform hashes: the map needs no further hashing.
     recent: IdMap<[u64; 2], Seen>,
+    /// Every id in `run` and `recent` (and some that left them).
+    filter: IdFilter,
 }
 
 impl SeenIndex {
@@ -58,8 +63,14 @@ impl SeenIndex {
     pub(crate) fn new(ttl_ms: Option<u64>) -> Self {
         Self {
             ttl_ms,
+            filter: IdFilter::with_capacity(0),
             ..Self::default()
         }
+    }
+
+    /// Asks the CPU to fetch what a lookup of `id` reads first.
+    pub(crate) fn prefetch(&self, id: u128) {
+        self.filter.prefetch(split(id));
     }
 
     fn find_in_run(&self, id: [u64; 2]) -> Option<usize> {
@@ -76,6 +87,9 @@ impl SeenIndex {
     /// What was recorded for `id`, expired or not.
     pub(crate) fn get(&self, id: u128) -> Option<Seen> {
         let id = split(id);
+        if !self.filter.may_contain(id) {
+            return None;
+        }
         if let Some(&seen) = self.recent.get(&id) {
             return Some(seen);
         }
@@ -96,7 +110,9 @@ impl SeenIndex {
     /// Records `id`, replacing an expired record of the same id.
     pub(crate) fn insert(&mut self, id: u128, seen: Seen) {
         let id = split(id);
-        if let Some(i) = self.find_in_run(id) {
+        if !self.filter.may_contain(id) {
+            self.filter.add(id);
+        } else if let Some(i) = self.find_in_run(id) {
             let (Some(entry), Some(time)) = (self.run.get_mut(i), self.times.get_mut(i)) else {
                 unreachable!("run and times have one slot per id");
             };
@@ -108,6 +124,19 @@ impl SeenIndex {
         if self.recent.len() > RECENT_MIN.max(self.run.len() / RECENT_FRACTION) {
             self.merge(secs_to_ms(seen.at_secs));
         }
+        if self.filter.is_full() {
+            self.rebuild_filter();
+        }
+    }
+
+    /// Sizes the filter afresh for the ids held now (dropping those that left).
+    fn rebuild_filter(&mut self) {
+        let ids = self
+            .run
+            .iter()
+            .map(|e| e.id)
+            .chain(self.recent.keys().copied());
+        self.filter = IdFilter::build(self.run.len() + self.recent.len(), ids);
     }
 
     /// Drops ids expired at `now_ms`; returns how many.
@@ -185,6 +214,7 @@ impl SeenIndex {
         self.run.shrink_to_fit();
         self.times.shrink_to_fit();
         self.rebuild_directory();
+        self.rebuild_filter();
         Ok(())
     }
 
@@ -195,7 +225,7 @@ impl SeenIndex {
         let dir = self.dir.capacity() * std::mem::size_of::<u32>();
         // hashbrown: one slot of (key, value) plus one control byte per bucket.
         let recent = self.recent.capacity() * (std::mem::size_of::<([u64; 2], Seen)>() + 1);
-        (run + times + dir + recent) as u64
+        (run + times + dir + recent) as u64 + self.filter.memory_bytes()
     }
 
     fn bucket_of(&self, id: [u64; 2]) -> usize {

@@ -481,6 +481,10 @@ impl StateView for PlanView<'_> {
         self.maps.equals(value, candidate)
     }
 
+    fn prefetch_seen(&self, id_hash: u128) {
+        self.index.seen.prefetch(id_hash);
+    }
+
     fn seen(&self, id_hash: u128) -> Option<u64> {
         match self.pending.seen.get(id_hash) {
             Some(_) => self.pending.seen.get_live(id_hash, self.now_ms),
