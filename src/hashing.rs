@@ -66,6 +66,25 @@ pub(crate) type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 /// A map keyed by caller bytes.
 pub(crate) type BytesMap<K, V> = HashMap<K, V, BuildHasherDefault<BytesHasher>>;
 
+/// Asks the CPU to fetch the cache line holding `at`, so that a read a
+/// little later finds it in cache: index lookups are cache misses, and a
+/// batch knows its lookups in advance.
+#[inline]
+pub(crate) fn prefetch<T>(at: &T) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let at: *const T = at;
+        #[expect(unsafe_code, reason = "a prefetch is a hint: it reads nothing")]
+        // SAFETY: `at` comes from a reference; a prefetch never faults and
+        // changes no memory.
+        unsafe {
+            core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(at.cast());
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = at;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -252,7 +252,7 @@ impl ValueBytes<'_> {
     }
 }
 
-/// How many deliveries ahead the planner prefetches seen-index lines.
+/// How many deliveries ahead the planner prefetches index lines.
 const PREFETCH_AHEAD: usize = 8;
 
 /// Plans `batch` against `view`. `hashes` are the deliveries' hashes, in order.
@@ -275,9 +275,16 @@ pub(crate) fn plan<'b, V: StateView>(
         added: BytesMap::default(),
     };
     for (index, (d, h)) in batch.deliveries().iter().zip(hashes).enumerate() {
-        // Seen-index lookups miss the cache: ask for a later one's line now.
+        // Index lookups miss the cache: ask for a later delivery's lines now.
         if let Some(ahead) = hashes.get(index + PREFETCH_AHEAD) {
             view.prefetch_seen(ahead.id);
+        }
+        // A key lookup reads the table, then the record it points to.
+        if let Some(ahead) = batch.deliveries().get(index + PREFETCH_AHEAD) {
+            view.prefetch_key(&ahead.key, false);
+        }
+        if let Some(ahead) = batch.deliveries().get(index + PREFETCH_AHEAD / 2) {
+            view.prefetch_key(&ahead.key, true);
         }
         let outcome = if let Some(problem) = static_problem(d, options.value_bytes_max) {
             Err(Refusal::Invalid(problem))

@@ -99,17 +99,9 @@ impl IdFilter {
     /// Asks the CPU to fetch `id`'s block, so that a lookup a little later
     /// finds it in cache.
     pub(crate) fn prefetch(&self, id: [u64; 2]) {
-        #[cfg(target_arch = "x86_64")]
         if let Some(block) = self.block_index(id).and_then(|b| self.blocks.get(b)) {
-            let at: *const Block = block;
-            #[expect(unsafe_code, reason = "a prefetch is a hint: it reads nothing")]
-            // SAFETY: `at` points into `self.blocks`; a prefetch never faults.
-            unsafe {
-                core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(at.cast());
-            }
+            crate::hashing::prefetch(block);
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = id;
     }
 
     /// Heap bytes held.

@@ -11,10 +11,10 @@
 //!   *address* is a `u32` counted in 4-byte units (so at most 16 GiB of
 //!   records). A record never straddles two chunks, and never moves until a
 //!   purge rebuilds the arena.
-//! - The **table** is a `hashbrown::HashTable<u32>` of addresses, hashed by
-//!   key with xxh3 and a random seed per index: 4 bytes and one control byte
-//!   per bucket. A lookup compares keys only in the records it lands on,
-//!   usually one.
+//! - The **table** (`addr_table.rs`) holds the addresses, hashed by key with
+//!   xxh3 and a random seed per index: 4 bytes and one tag byte per bucket.
+//!   A lookup compares keys only in the records whose tag matches, usually
+//!   one. `prefetch` lets the planner start a later lookup's cache misses.
 //! - Key order is kept in three sorted lists of addresses: the **run** (the
 //!   oldest records), the **mid** (newer) and the **tail** (the newest, at
 //!   most 512). A new key is inserted into the tail by binary search. A tail
@@ -59,7 +59,7 @@
 use std::fmt;
 use std::hash::BuildHasher;
 
-use hashbrown::HashTable;
+use super::addr_table::AddrTable;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::expiry::{is_expired, secs_to_ms};
@@ -322,7 +322,7 @@ pub(crate) struct KeyIndex {
     seed: u64,
     geometry: Geometry,
     arena: Arena,
-    table: HashTable<u32>,
+    table: AddrTable,
     /// The oldest records, in key order.
     run: Vec<u32>,
     /// Newer records, in key order.
@@ -357,7 +357,7 @@ impl KeyIndex {
             seed: std::collections::hash_map::RandomState::new().hash_one(0u64),
             geometry,
             arena: Arena::new(geometry.chunk_bits),
-            table: HashTable::new(),
+            table: AddrTable::default(),
             run: Vec::new(),
             mid: Vec::new(),
             tail: Vec::new(),
@@ -368,8 +368,23 @@ impl KeyIndex {
     fn find(&self, key: &[u8]) -> Option<u32> {
         let arena = &self.arena;
         self.table
-            .find(hash_key(self.seed, key), |&a| arena.key(a) == key)
-            .copied()
+            .find(hash_key(self.seed, key), |a| arena.key(a) == key)
+    }
+
+    /// Asks the CPU to fetch the table lines a lookup of `key` reads first.
+    pub(crate) fn prefetch(&self, key: &[u8]) {
+        self.table.prefetch(hash_key(self.seed, key));
+    }
+
+    /// Asks the CPU to fetch the record a lookup of `key` most likely ends
+    /// on (best after `prefetch` had time to bring in the table lines).
+    pub(crate) fn prefetch_record(&self, key: &[u8]) {
+        if let Some(a) = self.table.likely(hash_key(self.seed, key)) {
+            let (chunk, at) = self.arena.locate(a);
+            if let Some(byte) = self.arena.chunks.get(chunk).and_then(|c| c.get(at)) {
+                crate::hashing::prefetch(byte);
+            }
+        }
     }
 
     pub(crate) fn get(&self, key: &[u8]) -> Option<KeyEntry> {
@@ -380,7 +395,7 @@ impl KeyIndex {
     pub(crate) fn set(&mut self, key: &[u8], entry: KeyEntry) {
         let hash = hash_key(self.seed, key);
         let arena = &self.arena;
-        let found = self.table.find(hash, |&a| arena.key(a) == key).copied();
+        let found = self.table.find(hash, |a| arena.key(a) == key);
         let was_live = match found {
             Some(a) => self.arena.set_entry(a, entry),
             None => {
@@ -405,9 +420,8 @@ impl KeyIndex {
             self.rebuild_table(self.table.capacity() + 1);
         }
         let a = self.arena.push(&encode_header(entry, key.len()), key);
-        let (seed, arena) = (self.seed, &self.arena);
-        self.table
-            .insert_unique(hash, a, |&b| hash_key(seed, arena.key(b)));
+        self.table.insert_unique(hash, a);
+        let arena = &self.arena;
         // Keys that come in order (loading a snapshot or base segment, or a
         // source with increasing keys) extend the run directly.
         if self.tail.is_empty()
@@ -496,7 +510,7 @@ impl KeyIndex {
         }
         // Rebuild the arena in key order, without the dropped records.
         let kept = self.table.len() - dropped;
-        self.table = HashTable::new();
+        self.table = AddrTable::default();
         let mut new_arena = Arena::new(arena.bits);
         let mut run = Vec::with_capacity(kept);
         for record in self.records_with(b"").filter(|&r| !is_dropped(r)) {
@@ -533,11 +547,9 @@ impl KeyIndex {
     /// own resize would read it in bucket order.
     fn rebuild_table(&mut self, capacity: usize) {
         let (seed, arena) = (self.seed, &self.arena);
-        let mut table = HashTable::with_capacity(capacity);
+        let mut table = AddrTable::with_capacity(capacity);
         for a in arena.records() {
-            table.insert_unique(hash_key(seed, arena.key(a)), a, |&b| {
-                hash_key(seed, arena.key(b))
-            });
+            table.insert_unique(hash_key(seed, arena.key(a)), a);
         }
         self.table = table;
     }

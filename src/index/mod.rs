@@ -8,6 +8,7 @@
 //! commit times, never on when memory was purged.
 
 pub(crate) mod add_marks;
+pub(crate) mod addr_table;
 pub(crate) mod batches;
 pub(crate) mod expiry;
 pub(crate) mod id_filter;

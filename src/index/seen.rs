@@ -223,7 +223,7 @@ impl SeenIndex {
         let run = self.run.capacity() * std::mem::size_of::<Entry>();
         let times = self.times.capacity() * std::mem::size_of::<u32>();
         let dir = self.dir.capacity() * std::mem::size_of::<u32>();
-        // hashbrown: one slot of (key, value) plus one control byte per bucket.
+        // std (SwissTable): one slot of (key, value) plus one control byte per bucket.
         let recent = self.recent.capacity() * (std::mem::size_of::<([u64; 2], Seen)>() + 1);
         (run + times + dir + recent) as u64 + self.filter.memory_bytes()
     }

@@ -485,6 +485,14 @@ impl StateView for PlanView<'_> {
         self.index.seen.prefetch(id_hash);
     }
 
+    fn prefetch_key(&self, key: &[u8], near: bool) {
+        if near {
+            self.index.keys.prefetch_record(key);
+        } else {
+            self.index.keys.prefetch(key);
+        }
+    }
+
     fn seen(&self, id_hash: u128) -> Option<u64> {
         match self.pending.seen.get(id_hash) {
             Some(_) => self.pending.seen.get_live(id_hash, self.now_ms),
