@@ -31,6 +31,7 @@ use crate::batch::{Batch, BatchReport, Op};
 use crate::error::{Error, Result, display_id};
 use crate::format::record::{CounterText, ValueSource, WriteSource, parse_counter};
 use crate::hashing::{BytesMap, IdMap};
+use crate::index::PREFETCH_AHEAD;
 use crate::log::segments::ValueRef;
 use crate::options::OnConflict;
 
@@ -251,9 +252,6 @@ impl ValueBytes<'_> {
         }
     }
 }
-
-/// How many deliveries ahead the planner prefetches index lines.
-const PREFETCH_AHEAD: usize = 8;
 
 /// Plans `batch` against `view`. `hashes` are the deliveries' hashes, in order.
 ///

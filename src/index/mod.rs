@@ -28,6 +28,10 @@ use expiry::{Ttls, is_expired, to_secs_ceil};
 use keys::{KeyEntry, KeyIndex, KeyState};
 use seen::{Seen, SeenIndex};
 
+/// How many entries ahead a batch's index lookups prefetch: far enough for
+/// a cache miss to resolve, near enough that the lines are still cached.
+pub(crate) const PREFETCH_AHEAD: usize = 8;
+
 /// Everything the store knows in memory.
 #[derive(Debug, Default)]
 pub(crate) struct Index {
@@ -97,7 +101,14 @@ impl Index {
             return Err("commit time earlier than the previous record's");
         }
         let at_secs = to_secs_ceil(now_ms);
-        for w in &record.writes {
+        for (i, w) in record.writes.iter().enumerate() {
+            // A key lookup reads the table, then the record it points to.
+            if let Some(ahead) = record.writes.get(i + PREFETCH_AHEAD) {
+                self.keys.prefetch(ahead.key);
+            }
+            if let Some(ahead) = record.writes.get(i + PREFETCH_AHEAD / 2) {
+                self.keys.prefetch_record(ahead.key);
+            }
             let state = match w.op {
                 WriteView::Put { value, value_at } => {
                     let offset = u32::try_from(value_at)
@@ -122,7 +133,10 @@ impl Index {
             };
             self.keys.set(w.key, KeyEntry { seq: w.seq, state });
         }
-        for &(id, payload) in &record.seen {
+        for (i, &(id, payload)) in record.seen.iter().enumerate() {
+            if let Some(&(ahead, _)) = record.seen.get(i + PREFETCH_AHEAD) {
+                self.seen.prefetch(ahead);
+            }
             self.seen.insert(id, Seen { payload, at_secs });
         }
         for &(key, seq) in &record.adds {
