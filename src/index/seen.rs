@@ -6,12 +6,13 @@
 //! the hash; only recent inserts live in a hash map. When the map outgrows a
 //! fraction of the array it is merged in place, from the back, into the
 //! array, and ids expired by then are dropped on the way. A Bloom filter in
-//! front (1 to 2 bytes per id) answers most lookups of new ids from one
+//! front (1 to 1.5 bytes per id) answers most lookups of new ids from one
 //! cache line.
 //!
 //! Invariants: `run` is sorted by id and holds no duplicates; `times` is as
 //! long as `run`; no id is in both `run` and `recent`; `dir[b]..dir[b + 1]`
-//! is exactly the range of `run` whose ids have top bits `b`.
+//! is exactly the range of `run` whose ids have top bits `b`; the filter
+//! answers "maybe" for every id in `run` and `recent`.
 
 use super::expiry::{is_expired, secs_to_ms};
 use super::id_filter::IdFilter;
@@ -335,6 +336,14 @@ impl SeenIndex {
             "run sorted and unique"
         );
         assert_eq!(self.run.len(), self.times.len(), "one time per id");
+        assert!(
+            self.run
+                .iter()
+                .map(|e| e.id)
+                .chain(self.recent.keys().copied())
+                .all(|id| self.filter.may_contain(id)),
+            "the filter holds every id"
+        );
         assert!(
             self.recent
                 .keys()

@@ -183,6 +183,7 @@ impl Store {
     }
 
     fn snapshot_locked(&self) -> Result<()> {
+        self.commit.check()?;
         // Sync the bulk of the active segment (under `Buffered`, up to a
         // segment of dirty pages) before writers are held back; the sync
         // under the writer lock then only flushes what came since.
