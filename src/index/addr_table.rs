@@ -107,21 +107,6 @@ impl AddrTable {
         }
     }
 
-    /// The first address under `hash` whose tag matches, without comparing
-    /// keys: where a lookup of `hash` most likely ends (for prefetching).
-    pub(crate) fn likely(&self, hash: u64) -> Option<u32> {
-        let mask = self.tags.len().checked_sub(1)?;
-        let tag = tag_of(hash);
-        let mut i = hash as usize & mask;
-        loop {
-            match self.tags.get(i).copied()? {
-                0 => return None,
-                t if t == tag => return self.addrs.get(i).copied(),
-                _ => i = (i + 1) & mask,
-            }
-        }
-    }
-
     /// Heap bytes held.
     pub(crate) fn allocation_size(&self) -> usize {
         self.tags.capacity() + self.addrs.capacity() * std::mem::size_of::<u32>()

@@ -379,7 +379,8 @@ impl KeyIndex {
     /// Asks the CPU to fetch the record a lookup of `key` most likely ends
     /// on (best after `prefetch` had time to bring in the table lines).
     pub(crate) fn prefetch_record(&self, key: &[u8]) {
-        if let Some(a) = self.table.likely(hash_key(self.seed, key)) {
+        // The first tag match, keys uncompared: where the lookup most likely ends.
+        if let Some(a) = self.table.find(hash_key(self.seed, key), |_| true) {
             let (chunk, at) = self.arena.locate(a);
             if let Some(byte) = self.arena.chunks.get(chunk).and_then(|c| c.get(at)) {
                 crate::hashing::prefetch(byte);

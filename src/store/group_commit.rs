@@ -71,6 +71,14 @@ struct State {
     last_sync: Duration,
 }
 
+impl State {
+    fn move_to(&mut self, lsn: u64, file: &Arc<dyn StorageFile>) {
+        debug_assert!(lsn >= self.written, "written positions only grow");
+        self.written = lsn;
+        self.file = Some(Arc::clone(file));
+    }
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct GroupCommit {
     state: Mutex<State>,
@@ -83,9 +91,7 @@ impl GroupCommit {
     /// Notes a batch record written up to `lsn` into `file`. Caller holds the writer lock.
     pub(crate) fn written(&self, lsn: u64, file: &Arc<dyn StorageFile>) {
         let mut s = self.state.lock();
-        debug_assert!(lsn >= s.written, "written positions only grow");
-        s.written = lsn;
-        s.file = Some(Arc::clone(file));
+        s.move_to(lsn, file);
         s.records_written += 1;
         if s.is_gathering && s.records_written - s.records_claimed >= s.cohort {
             self.joined.notify_one();
@@ -95,10 +101,7 @@ impl GroupCommit {
     /// Notes that the log now ends at `lsn`, in `file` (after a rotation).
     /// Caller holds the writer lock.
     pub(crate) fn moved_to(&self, lsn: u64, file: &Arc<dyn StorageFile>) {
-        let mut s = self.state.lock();
-        debug_assert!(lsn >= s.written, "written positions only grow");
-        s.written = lsn;
-        s.file = Some(Arc::clone(file));
+        self.state.lock().move_to(lsn, file);
     }
 
     /// Notes that everything before `lsn` is durable and published.
