@@ -24,8 +24,11 @@ pub(crate) trait StateView {
     fn seen(&self, id_hash: u128) -> Option<u64>;
     /// A hint that `seen(id_hash)` follows shortly.
     fn prefetch_seen(&self, _id_hash: u128) {}
-    /// A hint that `key(key)` follows shortly: `near` once it is close.
-    fn prefetch_key(&self, _key: &[u8], _near: bool) {}
+    /// A hint that `key(key)` follows in a while: fetch what it reads first.
+    fn prefetch_key(&self, _key: &[u8]) {}
+    /// A hint that `key(key)` follows shortly, after `prefetch_key`: fetch
+    /// the entry it most likely ends on.
+    fn prefetch_key_entry(&self, _key: &[u8]) {}
     /// The seq at or below which a new-looking `Add` on `key` is `too_late`.
     fn add_floor(&self, key: &[u8]) -> Option<u64>;
 }

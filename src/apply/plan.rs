@@ -279,10 +279,10 @@ pub(crate) fn plan<'b, V: StateView>(
         }
         // A key lookup reads the table, then the record it points to.
         if let Some(ahead) = batch.deliveries().get(index + PREFETCH_AHEAD) {
-            view.prefetch_key(&ahead.key, false);
+            view.prefetch_key(&ahead.key);
         }
         if let Some(ahead) = batch.deliveries().get(index + PREFETCH_AHEAD / 2) {
-            view.prefetch_key(&ahead.key, true);
+            view.prefetch_key_entry(&ahead.key);
         }
         let outcome = if let Some(problem) = static_problem(d, options.value_bytes_max) {
             Err(Refusal::Invalid(problem))

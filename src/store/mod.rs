@@ -485,12 +485,12 @@ impl StateView for PlanView<'_> {
         self.index.seen.prefetch(id_hash);
     }
 
-    fn prefetch_key(&self, key: &[u8], near: bool) {
-        if near {
-            self.index.keys.prefetch_record(key);
-        } else {
-            self.index.keys.prefetch(key);
-        }
+    fn prefetch_key(&self, key: &[u8]) {
+        self.index.keys.prefetch(key);
+    }
+
+    fn prefetch_key_entry(&self, key: &[u8]) {
+        self.index.keys.prefetch_record(key);
     }
 
     fn seen(&self, id_hash: u128) -> Option<u64> {
