@@ -324,7 +324,10 @@ impl StateLoader {
                         }
                         KeyValue::Tombstone { at_secs } => KeyState::Deleted { at_secs },
                     };
-                    index.keys.set(k.key, KeyEntry { seq: k.seq, state });
+                    index
+                        .keys
+                        .bulk_push(k.key, KeyEntry { seq: k.seq, state })
+                        .map_err(fail)?;
                     self.totals[0] += 1;
                 }
             }
@@ -386,6 +389,7 @@ impl StateLoader {
                 if end.totals != self.totals {
                     return Err(fail("state totals do not match the records read"));
                 }
+                index.keys.finish_bulk();
                 index.seen.finish_bulk().map_err(fail)?;
                 index.log_time_ms = end.log_time_ms;
                 self.end = Some(end);

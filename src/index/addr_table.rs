@@ -48,6 +48,10 @@ impl AddrTable {
         self.len
     }
 
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// Entries the table holds before it must be rebuilt larger.
     pub(crate) fn capacity(&self) -> usize {
         self.tags.len() / LOAD_DEN * LOAD_NUM

@@ -26,8 +26,9 @@
 //!   O(mid log run) comparisons: the small mid keeps that pause short (tens
 //!   of milliseconds at ten million keys) for 512 bytes moved per insert.
 //!   While the mid and the tail are empty, a key above every key in the run
-//!   (loading a snapshot or a base segment, which come in key order) is
-//!   appended to the run, which then grows by an eighth at a time.
+//!   is appended to the run, which then grows by an eighth at a time.
+//!   Loading a snapshot or a base segment, whose keys come in order, appends
+//!   to the arena and the run and builds the table once at the end.
 //!   `range_prefix` binary-searches the three lists and merges the stretches
 //!   that match.
 //!
@@ -450,6 +451,34 @@ impl KeyIndex {
         }
     }
 
+    /// Appends a record while loading a state file, whose keys come sorted
+    /// and unique, into an index that holds nothing else; `finish_bulk`
+    /// must follow. The table is built once, at the end, reading the arena
+    /// in order, rather than looked up and grown key by key.
+    pub(crate) fn bulk_push(&mut self, key: &[u8], entry: KeyEntry) -> Result<(), &'static str> {
+        let arena = &self.arena;
+        if !self.table.is_empty() || !self.tail.is_empty() || !self.mid.is_empty() {
+            return Err("keys loaded into an index in use");
+        }
+        if self.run.last().is_some_and(|&b| arena.key(b) >= key) {
+            return Err("keys are not sorted and unique");
+        }
+        if self.run.len() == self.run.capacity() {
+            self.run.reserve_exact(self.run.len() / 8 + 64);
+        }
+        let a = self.arena.push(&encode_header(entry, key.len()), key);
+        self.run.push(a);
+        self.live += u64::from(entry.value().is_some());
+        Ok(())
+    }
+
+    /// Ends a bulk load: builds the table.
+    pub(crate) fn finish_bulk(&mut self) {
+        if self.table.len() < self.run.len() {
+            self.rebuild_table(self.run.len());
+        }
+    }
+
     /// Live rows and tombstones whose key starts with `prefix`, in key order.
     pub(crate) fn range_prefix<'a>(
         &'a self,
@@ -776,6 +805,43 @@ mod tests {
         assert_eq!(keys.len() as u64, n);
         assert!(keys.windows(2).all(|w| w[0] < w[1]), "ascending");
         assert_eq!(index.live_count(), n);
+    }
+
+    #[test]
+    fn a_bulk_load_takes_sorted_keys_only_and_then_works_as_usual() {
+        let mut index = KeyIndex::with_geometry(TINY);
+        let n = 1_000u64;
+        for i in 0..n {
+            let entry = if i % 3 == 0 {
+                deleted(i, 7)
+            } else {
+                live(i, 1)
+            };
+            index
+                .bulk_push(format!("k{i:06}").as_bytes(), entry)
+                .expect("sorted keys load");
+        }
+        assert_eq!(
+            index.bulk_push(b"k000999", live(1, 1)),
+            Err("keys are not sorted and unique")
+        );
+        assert_eq!(
+            index.bulk_push(b"a", live(1, 1)),
+            Err("keys are not sorted and unique")
+        );
+        index.finish_bulk();
+        index.check_invariants();
+        assert_eq!(index.live_count() + index.tombstone_count(), n);
+        assert_eq!(index.get(b"k000004"), Some(live(4, 1)));
+        assert_eq!(index.get(b"k000003"), Some(deleted(3, 7)));
+        index.set(b"k000004", live(40, 2));
+        index.set(b"new", live(1, 1));
+        index.check_invariants();
+        assert_eq!(index.get(b"k000004"), Some(live(40, 2)));
+        assert_eq!(
+            index.bulk_push(b"zzz", live(1, 1)),
+            Err("keys loaded into an index in use")
+        );
     }
 
     #[test]
