@@ -35,7 +35,7 @@ use crate::log::names::{
     SNAPSHOT_FILE, SYNC_FAILED_FILE, TMP_SUFFIX, parse_segment_file_name, segment_file_name,
 };
 use crate::log::reader::SegmentReader;
-use crate::state_file::StateLoader;
+use crate::state_file::{LoadError, StateLoader};
 use crate::storage::{OpenMode, Storage, StorageFile};
 use crate::store::RepairReport;
 
@@ -302,8 +302,8 @@ fn replay(
                     .map_err(|reason| Problem::at(id, u64::from(record.offset), reason))?;
             }
             (FileKind::Base, k) if k != KIND_BATCH => loader
-                .apply(index, k, record.body, id, record.body_at)
-                .map_err(|e| Problem::at(id, at_body(e.offset), e.what).in_record(record.offset))?,
+                .apply(index, &record, id)
+                .map_err(|e| Problem::at(id, e.offset, e.what).in_record(e.record_offset))?,
             _ => {
                 return Err(Problem::at(
                     id,
@@ -347,18 +347,28 @@ fn load_snapshot(
     if decode_segment_header(&map, 0)? != FileKind::Snapshot {
         return Err("not a snapshot file".into());
     }
-    let mut loader = StateLoader::new(FileKind::Snapshot);
-    for item in SegmentReader::new(&map, 0) {
-        let record = item.map_err(|bad| format!("{} at offset {}", bad.reason, bad.offset))?;
-        loader
-            .apply(index, record.kind, record.body, 0, record.body_at)
-            .map_err(|e| format!("{} in the record at offset {}", e.what, record.offset))?;
-    }
-    let end = loader.end().ok_or("snapshot has no end record")?;
-    Ok(LoadedSnapshot {
-        end,
-        bytes: map.len() as u64,
-        ref_extents: loader.ref_extents().clone(),
+    // Keys load on a second thread while this one loads the seen ids.
+    std::thread::scope(|scope| {
+        let failed =
+            |e: LoadError| format!("{} in the record at offset {}", e.what, e.record_offset);
+        let mut loader = StateLoader::with_key_thread(FileKind::Snapshot, scope, index);
+        for item in SegmentReader::new(&map, 0) {
+            let record = match item {
+                Ok(record) => record,
+                Err(bad) => {
+                    // A key record before the bad one may have failed first.
+                    loader.join_keys(index).map_err(failed)?;
+                    return Err(format!("{} at offset {}", bad.reason, bad.offset).into());
+                }
+            };
+            loader.apply(index, &record, 0).map_err(failed)?;
+        }
+        let end = loader.end().ok_or("snapshot has no end record")?;
+        Ok(LoadedSnapshot {
+            end,
+            bytes: map.len() as u64,
+            ref_extents: loader.ref_extents().cloned().unwrap_or_default(),
+        })
     })
 }
 

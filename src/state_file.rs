@@ -8,7 +8,8 @@
 //! synced before the caller renames them into place.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
+use std::thread::{Scope, ScopedJoinHandle};
 
 use bytes::Bytes;
 
@@ -25,8 +26,9 @@ use crate::format::state::{
 use crate::index::Index;
 use crate::index::add_marks::AddMark;
 use crate::index::batches::BatchEntry;
-use crate::index::keys::{KeyEntry, KeyState};
+use crate::index::keys::{KeyEntry, KeyIndex, KeyState};
 use crate::index::seen::Seen;
+use crate::log::reader::RecordRef;
 use crate::log::segments::ValueRef;
 use crate::storage::{OpenMode, Storage, StorageFile};
 
@@ -244,102 +246,248 @@ pub(crate) fn write(
     Ok(w.file)
 }
 
+/// Why a state record could not be loaded, and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LoadError {
+    /// Offset of the record's frame header in its file.
+    pub record_offset: u32,
+    /// Offset of the problem in the file.
+    pub offset: u64,
+    pub what: &'static str,
+}
+
+impl LoadError {
+    fn new(record: &RecordRef<'_>, e: codec::DecodeError) -> Self {
+        Self {
+            record_offset: record.offset,
+            offset: u64::from(record.body_at) + e.offset as u64,
+            what: e.what,
+        }
+    }
+}
+
 /// Rebuilds an index from the state records of one file, in order.
+///
+/// Keys are the one part of a state file whose loading needs no other:
+/// `with_key_thread` hands their records to a thread of their own, which
+/// owns `index.keys` until the end record, so a snapshot's keys and its
+/// seen ids load on two cores at once.
 #[derive(Debug)]
-pub(crate) struct StateLoader {
-    /// Whose records these are: a base segment holds values inline, a
-    /// snapshot refers to them; anything else is refused.
-    values_inline: bool,
+pub(crate) struct StateLoader<'s> {
+    keys: KeyStage<'s>,
+    /// Entries read, by section (the keys' count is taken from the key
+    /// loader at the end record).
     totals: [u64; 6],
+    /// The kind of the latest record: sections come in kind order.
+    last_kind: u8,
     end: Option<StateEnd>,
+}
+
+#[derive(Debug)]
+enum KeyStage<'s> {
+    /// Key records are applied as they come, on the caller's thread.
+    Here(KeyLoader),
+    /// Key records are sent to a thread which owns the keys; the sender
+    /// is dropped at the end of the key section, which lets the thread
+    /// build the key table while the rest loads.
+    Thread {
+        records: Option<mpsc::Sender<(RecordRef<'s>, u32)>>,
+        loaded: ScopedJoinHandle<'s, LoadedKeys>,
+    },
+}
+
+/// What a key thread hands back: the keys, its loader, and its first failure.
+type LoadedKeys = (KeyIndex, KeyLoader, Result<(), LoadError>);
+
+/// Loads key records: refuses the wrong kind of value for the file and notes
+/// how far value references reach.
+#[derive(Debug)]
+struct KeyLoader {
+    values_inline: bool,
+    count: u64,
     /// For each segment that value references point into, the furthest
     /// byte they reach: a snapshot is checked against the log with these.
     ref_extents: std::collections::BTreeMap<u32, u64>,
 }
 
-impl StateLoader {
-    /// A loader for a base segment or a snapshot.
-    pub(crate) fn new(kind: FileKind) -> Self {
-        assert!(kind != FileKind::Log, "log segments hold no state records");
+impl KeyLoader {
+    fn new(kind: FileKind) -> Self {
         Self {
             values_inline: kind == FileKind::Base,
-            totals: [0; 6],
-            end: None,
+            count: 0,
             ref_extents: std::collections::BTreeMap::new(),
         }
     }
 
-    /// Applies one state record found at `body_at` in segment `segment`.
+    fn apply(
+        &mut self,
+        keys: &mut KeyIndex,
+        record: &RecordRef<'_>,
+        segment: u32,
+    ) -> Result<(), codec::DecodeError> {
+        let fail = |what| codec::DecodeError { offset: 0, what };
+        let StateRecord::Keys(entries) = state::decode_state(record.kind, record.body)? else {
+            unreachable!("only key records are given to the key loader");
+        };
+        for k in entries {
+            let state = match k.value {
+                KeyValue::Inline { .. } if !self.values_inline => {
+                    return Err(fail("a value inline in a snapshot"));
+                }
+                KeyValue::Ref { .. } if self.values_inline => {
+                    return Err(fail("a value reference in a base segment"));
+                }
+                KeyValue::Inline { value, value_at } => {
+                    let offset = u32::try_from(value_at)
+                        .ok()
+                        .and_then(|at| record.body_at.checked_add(at))
+                        .ok_or(fail("value offset out of range"))?;
+                    let len = u32::try_from(value.len()).map_err(|_| fail("value too long"))?;
+                    KeyState::Live(ValueRef {
+                        segment,
+                        offset,
+                        len,
+                    })
+                }
+                KeyValue::Ref {
+                    segment,
+                    offset,
+                    len,
+                } => {
+                    if offset < 4 {
+                        return Err(fail("value reference before its checksum"));
+                    }
+                    let end = u64::from(offset) + u64::from(len);
+                    let extent = self.ref_extents.entry(segment).or_default();
+                    *extent = (*extent).max(end);
+                    KeyState::Live(ValueRef {
+                        segment,
+                        offset,
+                        len,
+                    })
+                }
+                KeyValue::Tombstone { at_secs } => KeyState::Deleted { at_secs },
+            };
+            keys.bulk_push(k.key, KeyEntry { seq: k.seq, state })
+                .map_err(fail)?;
+            self.count += 1;
+        }
+        Ok(())
+    }
+}
+
+impl<'s> StateLoader<'s> {
+    /// A loader for a base segment or a snapshot, which loads keys on the
+    /// caller's thread.
+    pub(crate) fn new(kind: FileKind) -> Self {
+        assert!(kind != FileKind::Log, "log segments hold no state records");
+        Self {
+            keys: KeyStage::Here(KeyLoader::new(kind)),
+            totals: [0; 6],
+            last_kind: 0,
+            end: None,
+        }
+    }
+
+    /// A loader that loads keys on a thread of `scope`, taking `index.keys`
+    /// until the end record gives them back. If no thread can be started
+    /// the keys load on the caller's thread.
+    pub(crate) fn with_key_thread<'env>(
+        kind: FileKind,
+        scope: &'s Scope<'s, 'env>,
+        index: &mut Index,
+    ) -> Self {
+        let mut loader = Self::new(kind);
+        let key_loader = KeyLoader::new(kind);
+        let (records, received) = mpsc::channel::<(RecordRef<'s>, u32)>();
+        let (give_keys, take_keys) = mpsc::channel::<KeyIndex>();
+        let spawned = std::thread::Builder::new()
+            .name("idemkv-load-keys".into())
+            .spawn_scoped(scope, move || {
+                let mut keys = take_keys.recv().unwrap_or_default();
+                let mut key_loader = key_loader;
+                for (record, segment) in received {
+                    if let Err(e) = key_loader.apply(&mut keys, &record, segment) {
+                        return (keys, key_loader, Err(LoadError::new(&record, e)));
+                    }
+                }
+                keys.finish_bulk();
+                (keys, key_loader, Ok(()))
+            });
+        // Without a thread the keys stay where they are and load here.
+        if let Ok(loaded) = spawned {
+            // The thread waits for the keys before anything else, so this
+            // send cannot fail.
+            let _ = give_keys.send(std::mem::take(&mut index.keys));
+            loader.keys = KeyStage::Thread {
+                records: Some(records),
+                loaded,
+            };
+        }
+        loader
+    }
+
+    /// Applies one state record of segment `segment`. A failure of the key
+    /// thread is reported at the end record, or in place of a later
+    /// record's failure: the key records it failed on came first.
     pub(crate) fn apply(
         &mut self,
         index: &mut Index,
-        kind: u8,
-        body: &[u8],
+        record: &RecordRef<'s>,
         segment: u32,
-        body_at: u32,
-    ) -> Result<(), codec::DecodeError> {
-        let fail = |what| codec::DecodeError { offset: 0, what };
+    ) -> Result<(), LoadError> {
+        let result = self.apply_here(index, record, segment);
+        if result.is_err() {
+            self.join_keys(index)?;
+        }
+        result
+    }
+
+    fn apply_here(
+        &mut self,
+        index: &mut Index,
+        record: &RecordRef<'s>,
+        segment: u32,
+    ) -> Result<(), LoadError> {
+        let fail = |what| LoadError {
+            record_offset: record.offset,
+            offset: u64::from(record.body_at),
+            what,
+        };
         if self.end.is_some() {
             return Err(fail("state record after the end record"));
         }
-        match state::decode_state(kind, body)? {
-            StateRecord::Keys(keys) => {
-                for k in keys {
-                    let state = match k.value {
-                        KeyValue::Inline { .. } if !self.values_inline => {
-                            return Err(fail("a value inline in a snapshot"));
-                        }
-                        KeyValue::Ref { .. } if self.values_inline => {
-                            return Err(fail("a value reference in a base segment"));
-                        }
-                        KeyValue::Inline { value, value_at } => {
-                            let offset = u32::try_from(value_at)
-                                .ok()
-                                .and_then(|at| body_at.checked_add(at))
-                                .ok_or(fail("value offset out of range"))?;
-                            let len =
-                                u32::try_from(value.len()).map_err(|_| fail("value too long"))?;
-                            KeyState::Live(ValueRef {
-                                segment,
-                                offset,
-                                len,
-                            })
-                        }
-                        KeyValue::Ref {
-                            segment,
-                            offset,
-                            len,
-                        } => {
-                            if offset < 4 {
-                                return Err(fail("value reference before its checksum"));
-                            }
-                            let end = u64::from(offset) + u64::from(len);
-                            let extent = self.ref_extents.entry(segment).or_default();
-                            *extent = (*extent).max(end);
-                            KeyState::Live(ValueRef {
-                                segment,
-                                offset,
-                                len,
-                            })
-                        }
-                        KeyValue::Tombstone { at_secs } => KeyState::Deleted { at_secs },
-                    };
-                    index
-                        .keys
-                        .bulk_push(k.key, KeyEntry { seq: k.seq, state })
-                        .map_err(fail)?;
-                    self.totals[0] += 1;
-                }
+        if record.kind < self.last_kind {
+            return Err(fail("state record out of section order"));
+        }
+        self.last_kind = record.kind;
+        match &mut self.keys {
+            KeyStage::Here(key_loader) if record.kind == state::KIND_KEYS => {
+                return key_loader
+                    .apply(&mut index.keys, record, segment)
+                    .map_err(|e| LoadError::new(record, e));
             }
+            KeyStage::Thread { records, .. } if record.kind == state::KIND_KEYS => {
+                // A send fails only once the thread has stopped on a
+                // failure, which the end record reports.
+                if let Some(records) = records {
+                    let _ = records.send((*record, segment));
+                }
+                return Ok(());
+            }
+            KeyStage::Thread { records, .. } => *records = None,
+            KeyStage::Here(_) => {}
+        }
+        let decoded = state::decode_state(record.kind, record.body);
+        match decoded.map_err(|e| LoadError::new(record, e))? {
+            StateRecord::Keys(_) => unreachable!("key records are handled above"),
             StateRecord::Seen(seen) => {
                 for s in seen {
-                    index.seen.bulk_push(
-                        s.id,
-                        Seen {
-                            payload: s.payload,
-                            at_secs: s.at_secs,
-                        },
-                    );
+                    let seen = Seen {
+                        payload: s.payload,
+                        at_secs: s.at_secs,
+                    };
+                    index.seen.bulk_push(s.id, seen).map_err(fail)?;
                     self.totals[1] += 1;
                 }
             }
@@ -386,16 +534,43 @@ impl StateLoader {
                 }
             }
             StateRecord::End(end) => {
+                // The key thread builds its table meanwhile.
+                index.seen.finish_bulk().map_err(fail)?;
+                self.join_keys(index)?;
+                index.keys.finish_bulk();
+                if let KeyStage::Here(key_loader) = &self.keys {
+                    self.totals[0] = key_loader.count;
+                }
                 if end.totals != self.totals {
                     return Err(fail("state totals do not match the records read"));
                 }
-                index.keys.finish_bulk();
-                index.seen.finish_bulk().map_err(fail)?;
                 index.log_time_ms = end.log_time_ms;
                 self.end = Some(end);
             }
         }
         Ok(())
+    }
+
+    /// Takes the keys back from the key thread, if there is one, with the
+    /// first failure it met (which came before any record applied since).
+    pub(crate) fn join_keys(&mut self, index: &mut Index) -> Result<(), LoadError> {
+        let KeyStage::Thread { .. } = self.keys else {
+            return Ok(());
+        };
+        let placeholder = KeyStage::Here(KeyLoader::new(FileKind::Snapshot));
+        let KeyStage::Thread { records, loaded } = std::mem::replace(&mut self.keys, placeholder)
+        else {
+            unreachable!("matched above");
+        };
+        // The thread ends once every record sent has been applied.
+        drop(records);
+        let (keys, key_loader, result) = match loaded.join() {
+            Ok(loaded) => loaded,
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
+        index.keys = keys;
+        self.keys = KeyStage::Here(key_loader);
+        result
     }
 
     /// The end record, once read: the state is complete.
@@ -404,9 +579,12 @@ impl StateLoader {
     }
 
     /// Segments that value references point into, each with the furthest
-    /// byte they reach.
-    pub(crate) fn ref_extents(&self) -> &std::collections::BTreeMap<u32, u64> {
-        &self.ref_extents
+    /// byte they reach; known once the end record is read.
+    pub(crate) fn ref_extents(&self) -> Option<&std::collections::BTreeMap<u32, u64>> {
+        match &self.keys {
+            KeyStage::Here(key_loader) if self.end.is_some() => Some(&key_loader.ref_extents),
+            _ => None,
+        }
     }
 }
 
@@ -433,7 +611,13 @@ mod tests {
             len: 1,
         });
         let load = |kind, body: &[u8]| {
-            StateLoader::new(kind).apply(&mut Index::default(), state::KIND_KEYS, body, 1, 100)
+            let record = RecordRef {
+                kind: state::KIND_KEYS,
+                offset: 80,
+                body_at: 100,
+                body,
+            };
+            StateLoader::new(kind).apply(&mut Index::default(), &record, 1)
         };
         assert!(load(FileKind::Base, &inline).is_ok());
         assert!(load(FileKind::Snapshot, &reference).is_ok());
@@ -445,5 +629,204 @@ mod tests {
             load(FileKind::Base, &reference).is_err(),
             "a base holds its values"
         );
+    }
+
+    /// A snapshot file of `records` (kind, body), framed in order.
+    fn snapshot_of(records: &[(u8, Vec<u8>)]) -> Vec<u8> {
+        let mut file = encode_segment_header(0, FileKind::Snapshot).to_vec();
+        for (kind, body) in records {
+            let mut frame = [0u8; FRAME_HEADER_LEN];
+            let offset = u32::try_from(file.len()).expect("small file");
+            encode_frame(&mut frame, *kind, body, 0, offset, 0);
+            file.extend_from_slice(&frame);
+            file.extend_from_slice(body);
+        }
+        file
+    }
+
+    fn key_record(keys: impl Iterator<Item = u32>) -> (u8, Vec<u8>) {
+        let keys: Vec<u32> = keys.collect();
+        let mut body = Vec::new();
+        state::encode_count(&mut body, keys.len());
+        for k in keys {
+            let value = KeyValue::Ref {
+                segment: 1 + k % 3,
+                offset: 40 + k,
+                len: 10,
+            };
+            state::encode_key(
+                &mut body,
+                format!("k{k:08}").as_bytes(),
+                u64::from(k),
+                value,
+            );
+        }
+        (state::KIND_KEYS, body)
+    }
+
+    fn seen_record(ids: impl Iterator<Item = u128>) -> (u8, Vec<u8>) {
+        let ids: Vec<u128> = ids.collect();
+        let mut body = Vec::new();
+        state::encode_count(&mut body, ids.len());
+        for id in ids {
+            let view = SeenView {
+                id,
+                payload: id as u64 ^ 7,
+                at_secs: 9,
+            };
+            state::encode_seen(&mut body, view);
+        }
+        (state::KIND_SEEN, body)
+    }
+
+    fn end_record(keys: u64, seen: u64) -> (u8, Vec<u8>) {
+        let mut body = Vec::new();
+        let end = StateEnd {
+            log_time_ms: 5,
+            covered_segment: 3,
+            covered_offset: 64,
+            first_segment: 1,
+            totals: [keys, seen, 0, 0, 0, 0],
+        };
+        state::encode_end(&mut body, &end);
+        (state::KIND_END, body)
+    }
+
+    /// Loads a snapshot file, keys on a thread of their own or not; returns
+    /// the index and the value references' extents.
+    fn load(file: &[u8], key_thread: bool) -> Result<(Index, Vec<(u32, u64)>), LoadError> {
+        let mut index = Index::default();
+        let extents = std::thread::scope(|scope| {
+            let mut loader = if key_thread {
+                StateLoader::with_key_thread(FileKind::Snapshot, scope, &mut index)
+            } else {
+                StateLoader::new(FileKind::Snapshot)
+            };
+            for record in crate::log::reader::SegmentReader::new(file, 0) {
+                loader.apply(&mut index, &record.expect("frames are whole"), 0)?;
+            }
+            assert!(loader.end().is_some(), "the file ends with an end record");
+            let extents = loader.ref_extents().expect("known at the end");
+            Ok(extents.iter().map(|(&s, &e)| (s, e)).collect())
+        })?;
+        Ok((index, extents))
+    }
+
+    #[test]
+    fn keys_load_the_same_on_a_thread_of_their_own() {
+        let ids = |range: std::ops::Range<u128>| range.map(|i| i * 0x9e37_79b9_7f4a_7c15_0001);
+        let file = snapshot_of(&[
+            key_record(0..500),
+            key_record(500..1200),
+            seen_record(ids(1..800)),
+            seen_record(ids(800..2000)),
+            end_record(1200, 1999),
+        ]);
+        let (here, here_extents) = load(&file, false).expect("loads");
+        let (threaded, threaded_extents) = load(&file, true).expect("loads");
+        let keys = |index: &Index| {
+            index
+                .keys
+                .range_prefix(b"")
+                .map(|(k, e)| (k.to_vec(), e))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(keys(&here).len(), 1200);
+        assert_eq!(keys(&here), keys(&threaded));
+        assert_eq!(
+            here_extents,
+            vec![
+                (1, 40 + 1197 + 10),
+                (2, 40 + 1198 + 10),
+                (3, 40 + 1199 + 10)
+            ]
+        );
+        assert_eq!(here_extents, threaded_extents);
+        assert_eq!(threaded.keys.get(b"k00000700"), here.keys.get(b"k00000700"));
+        assert!(
+            threaded.keys.get(b"k00000700").is_some(),
+            "the key table is built"
+        );
+        assert_eq!(
+            here.seen.iter().collect::<Vec<_>>(),
+            threaded.seen.iter().collect::<Vec<_>>()
+        );
+        assert_eq!(threaded.seen.len(), 1999);
+        assert_eq!(threaded.log_time_ms, 5);
+    }
+
+    #[test]
+    fn a_failed_key_record_is_reported_before_any_later_failure_on_either_path() {
+        let unsorted_keys = key_record([1, 3, 2].into_iter());
+        let unsorted_seen = seen_record([5, 4].into_iter());
+        let file = snapshot_of(&[
+            key_record(0..1),
+            unsorted_keys.clone(),
+            seen_record(1..3),
+            end_record(4, 2),
+        ]);
+        let second_record_at =
+            u32::try_from(SEGMENT_HEADER_LEN + FRAME_HEADER_LEN + key_record(0..1).1.len())
+                .expect("small");
+        for key_thread in [false, true] {
+            let e = load(&file, key_thread).expect_err("unsorted keys");
+            assert_eq!(
+                (e.what, e.record_offset),
+                ("keys are not sorted and unique", second_record_at),
+                "key thread: {key_thread}"
+            );
+        }
+        // A later failure of the seen ids does not hide it.
+        let file = snapshot_of(&[
+            key_record(0..1),
+            unsorted_keys,
+            unsorted_seen,
+            end_record(4, 2),
+        ]);
+        for key_thread in [false, true] {
+            let e = load(&file, key_thread).expect_err("unsorted keys");
+            assert_eq!(
+                (e.what, e.record_offset),
+                ("keys are not sorted and unique", second_record_at),
+                "key thread: {key_thread}"
+            );
+        }
+        // Nor is a failure of the key thread lost when the rest loads.
+        let file = snapshot_of(&[
+            key_record([2, 1].into_iter()),
+            seen_record(1..3),
+            end_record(2, 2),
+        ]);
+        let e = load(&file, true).expect_err("unsorted keys");
+        assert_eq!(e.what, "keys are not sorted and unique");
+    }
+
+    #[test]
+    fn records_out_of_section_order_are_refused_on_either_path() {
+        let file = snapshot_of(&[
+            key_record(0..2),
+            seen_record(1..3),
+            key_record(2..4),
+            end_record(4, 2),
+        ]);
+        for key_thread in [false, true] {
+            let e = load(&file, key_thread).expect_err("keys after seen ids");
+            assert_eq!(
+                e.what, "state record out of section order",
+                "key thread: {key_thread}"
+            );
+        }
+        let file = snapshot_of(&[
+            key_record(0..2),
+            key_record(2..4),
+            seen_record(1..3),
+            end_record(4, 2),
+        ]);
+        for key_thread in [false, true] {
+            assert!(
+                load(&file, key_thread).is_ok(),
+                "a section may span records"
+            );
+        }
     }
 }

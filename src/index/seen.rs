@@ -187,24 +187,23 @@ impl SeenIndex {
         })
     }
 
-    /// Appends a record while loading a state file; `finish_bulk` must follow.
-    pub(crate) fn bulk_push(&mut self, id: u128, seen: Seen) {
+    /// Appends a record while loading a state file, after every record
+    /// already there; `finish_bulk` must follow.
+    pub(crate) fn bulk_push(&mut self, id: u128, seen: Seen) -> Result<(), &'static str> {
+        let id = split(id);
+        if self.run.last().is_some_and(|last| last.id >= id) {
+            return Err("seen ids are not sorted and unique");
+        }
         self.run.push(Entry {
-            id: split(id),
+            id,
             payload: seen.payload,
         });
         self.times.push(seen.at_secs);
+        Ok(())
     }
 
-    /// Ends a bulk load: the ids must have come sorted and unique.
+    /// Ends a bulk load.
     pub(crate) fn finish_bulk(&mut self) -> Result<(), &'static str> {
-        if !self
-            .run
-            .windows(2)
-            .all(|w| w.first().map(|e| e.id) < w.last().map(|e| e.id))
-        {
-            return Err("seen ids are not sorted and unique");
-        }
         if self
             .recent
             .keys()
