@@ -158,6 +158,7 @@ pub(crate) fn write(
                             segment: v.segment,
                             offset: v.offset,
                             len: v.len,
+                            crc: v.crc,
                         },
                     )
                 })?;
@@ -347,12 +348,16 @@ impl KeyLoader {
                         segment,
                         offset,
                         len,
+                        // The decoder checked it; bases load rarely enough
+                        // that computing it again costs nothing worth a field.
+                        crc: Some(crc32fast::hash(value)),
                     })
                 }
                 KeyValue::Ref {
                     segment,
                     offset,
                     len,
+                    crc,
                 } => {
                     if offset < 4 {
                         return Err(fail("value reference before its checksum"));
@@ -364,6 +369,7 @@ impl KeyLoader {
                         segment,
                         offset,
                         len,
+                        crc,
                     })
                 }
                 KeyValue::Tombstone { at_secs } => KeyState::Deleted { at_secs },
@@ -609,6 +615,7 @@ mod tests {
             segment: 1,
             offset: 40,
             len: 1,
+            crc: None,
         });
         let load = |kind, body: &[u8]| {
             let record = RecordRef {
@@ -653,6 +660,7 @@ mod tests {
                 segment: 1 + k % 3,
                 offset: 40 + k,
                 len: 10,
+                crc: (k % 2 == 0).then_some(k),
             };
             state::encode_key(
                 &mut body,
@@ -743,10 +751,19 @@ mod tests {
         );
         assert_eq!(here_extents, threaded_extents);
         assert_eq!(threaded.keys.get(b"k00000700"), here.keys.get(b"k00000700"));
-        assert!(
-            threaded.keys.get(b"k00000700").is_some(),
-            "the key table is built"
+        let crc_of = |key: &[u8]| {
+            threaded
+                .keys
+                .get(key)
+                .and_then(|e| e.value())
+                .map(|v| v.crc)
+        };
+        assert_eq!(
+            crc_of(b"k00000700"),
+            Some(Some(700)),
+            "the key table is built, CRCs kept"
         );
+        assert_eq!(crc_of(b"k00000701"), Some(None));
         assert_eq!(
             here.seen.iter().collect::<Vec<_>>(),
             threaded.seen.iter().collect::<Vec<_>>()

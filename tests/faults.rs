@@ -78,13 +78,19 @@ fn value(i: usize, j: usize) -> Vec<u8> {
     format!("<value {i}.{j}>").repeat(8).into_bytes()
 }
 
-/// Puts over a rotating set of keys, a delete every third batch, a counter,
-/// a redelivered event of the batch before, a checkpoint per batch.
+/// Puts over a rotating set of keys, in the last batch one of them unchanged
+/// (its value read back to compare), a delete every third batch, a counter, a redelivered
+/// event of the batch before, a checkpoint per batch.
 fn workload() -> Vec<Batch> {
     (0..10usize)
         .map(|i| {
             let seq = (i as u64 + 1) * 10;
             let mut b = Batch::new(format!("B{i:02}"));
+            if i == 9 {
+                // The value the batch before put last, again, at a newer seq.
+                let key = format!("k{}", (i + 1) % 7);
+                b = b.put(format!("u{i}"), key, seq - 1, value(i - 1, 2));
+            }
             for j in 0..3 {
                 b = b.put(
                     format!("e{i}.{j}"),
@@ -230,7 +236,10 @@ fn ordinal(ops: &[OpRecord], op: &OpRecord) -> u64 {
 /// full disk stays full until healed). Appends write half their bytes first.
 fn fault_at(ops: &[OpRecord], op: &OpRecord, error: FaultError) -> Fault {
     let mut fault = Fault::new(op.kind, error).skip(ordinal(ops, op));
-    let is_read = matches!(op.kind, OpKind::Map | OpKind::Len | OpKind::List);
+    let is_read = matches!(
+        op.kind,
+        OpKind::Map | OpKind::Read | OpKind::Len | OpKind::List
+    );
     if error == FaultError::NoSpace && !is_read {
         fault = fault.always();
     }
@@ -437,6 +446,10 @@ fn faults_at_every_operation_of_the_workload_poison_and_lose_nothing() {
         .filter(|o| o.kind == OpKind::SyncDir)
         .count();
     assert!(rotations >= 3, "the workload rotates segments");
+    assert!(
+        clean.ops.iter().any(|o| o.kind == OpKind::Read),
+        "the workload reads a stored value back to compare it"
+    );
     for op in &clean.ops {
         if op.kind == OpKind::SyncData && is_commit_sync(&clean.ops, op) {
             continue; // faults_at_commit_syncs_leave_no_batch_visible

@@ -157,8 +157,9 @@ impl<'a> Decoder<'a> {
         self.take(len, what)
     }
 
-    /// A value written by `put_value`, checked; returns it and its offset.
-    pub(crate) fn value(&mut self, max: usize) -> Result<(&'a [u8], usize), DecodeError> {
+    /// A value written by `put_value`, checked; returns it, its offset and
+    /// its CRC.
+    pub(crate) fn value(&mut self, max: usize) -> Result<(&'a [u8], usize, u32), DecodeError> {
         let len = self.len(max, "value length")?;
         let crc = self.u32("value checksum")?;
         let at = self.position();
@@ -169,7 +170,7 @@ impl<'a> Decoder<'a> {
                 what: "value checksum mismatch",
             });
         }
-        Ok((value, at))
+        Ok((value, at, crc))
     }
 
     pub(crate) fn finish(&self) -> Result<(), DecodeError> {

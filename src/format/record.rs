@@ -22,8 +22,12 @@ const SEEN_ENTRY_LEN: usize = 24;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum WriteView<'a> {
     /// A new value. `value_at` is the value's offset inside the body (its
-    /// 4-byte CRC sits just before it).
-    Put { value: &'a [u8], value_at: usize },
+    /// 4-byte CRC, `crc`, sits just before it).
+    Put {
+        value: &'a [u8],
+        value_at: usize,
+        crc: u32,
+    },
     /// The live row is removed; a tombstone keeps the seq.
     Delete,
     /// The seq advances; the value stays where it is.
@@ -182,8 +186,12 @@ pub(crate) fn decode_batch(body: &[u8]) -> Result<BatchRecord<'_>, DecodeError> 
         let seq = d.varint("seq")?;
         let op = match d.u8("write tag")? {
             WRITE_PUT => {
-                let (value, value_at) = d.value(RECORD_BODY_BYTES_MAX)?;
-                WriteView::Put { value, value_at }
+                let (value, value_at, crc) = d.value(RECORD_BODY_BYTES_MAX)?;
+                WriteView::Put {
+                    value,
+                    value_at,
+                    crc,
+                }
             }
             WRITE_DELETE => WriteView::Delete,
             WRITE_BUMP => WriteView::Bump,
@@ -354,12 +362,17 @@ mod tests {
         );
         assert_eq!(r.seen, vec![(7, 9), (u128::MAX, u64::MAX)]);
         assert_eq!(r.writes.len(), 4);
-        let WriteView::Put { value, value_at } = r.writes[0].op else {
+        let WriteView::Put {
+            value,
+            value_at,
+            crc,
+        } = r.writes[0].op
+        else {
             panic!("put")
         };
         assert_eq!(
-            (value, &buf[value_at..value_at + 2]),
-            (&b"v1"[..], &b"v1"[..])
+            (value, &buf[value_at..value_at + 2], crc),
+            (&b"v1"[..], &b"v1"[..], crc32fast::hash(b"v1"))
         );
         let WriteView::Put { value, .. } = r.writes[1].op else {
             panic!("put")

@@ -21,6 +21,7 @@ pub(crate) const KIND_END: u8 = 8;
 /// Key entry tags. Never reuse a retired value.
 const KEY_INLINE: u8 = 0;
 const KEY_REF: u8 = 1;
+const KEY_REF_CRC: u8 = 3;
 const KEY_TOMBSTONE: u8 = 2;
 
 const SEEN_ENTRY_LEN: usize = 16 + 8 + 4;
@@ -36,11 +37,13 @@ pub(crate) enum KeyValue<'a> {
         value: &'a [u8],
         value_at: usize,
     },
-    /// Where the value lives in a segment (its CRC32 sits just before it).
+    /// Where the value lives in a segment (its CRC32 sits just before it),
+    /// with that CRC when the index knew it.
     Ref {
         segment: u32,
         offset: u32,
         len: u32,
+        crc: Option<u32>,
     },
     Tombstone {
         at_secs: u32,
@@ -123,11 +126,15 @@ pub(crate) fn encode_key(buf: &mut Vec<u8>, key: &[u8], seq: u64, value: KeyValu
             segment,
             offset,
             len,
+            crc,
         } => {
-            codec::put_u8(buf, KEY_REF);
+            codec::put_u8(buf, if crc.is_some() { KEY_REF_CRC } else { KEY_REF });
             codec::put_u32(buf, segment);
             codec::put_u32(buf, offset);
             codec::put_u32(buf, len);
+            if let Some(crc) = crc {
+                codec::put_u32(buf, crc);
+            }
         }
         KeyValue::Tombstone { at_secs } => {
             codec::put_u8(buf, KEY_TOMBSTONE);
@@ -213,13 +220,18 @@ pub(crate) fn decode_state(kind: u8, body: &[u8]) -> Result<StateRecord<'_>, Dec
             let seq = d.varint("seq")?;
             let value = match d.u8("key entry tag")? {
                 KEY_INLINE => {
-                    let (value, value_at) = d.value(RECORD_BODY_BYTES_MAX)?;
+                    let (value, value_at, _) = d.value(RECORD_BODY_BYTES_MAX)?;
                     KeyValue::Inline { value, value_at }
                 }
-                KEY_REF => KeyValue::Ref {
+                tag @ (KEY_REF | KEY_REF_CRC) => KeyValue::Ref {
                     segment: d.u32("value segment")?,
                     offset: d.u32("value offset")?,
                     len: d.u32("value length")?,
+                    crc: if tag == KEY_REF_CRC {
+                        Some(d.u32("value checksum")?)
+                    } else {
+                        None
+                    },
                 },
                 KEY_TOMBSTONE => KeyValue::Tombstone {
                     at_secs: d.u32("tombstone time")?,
@@ -343,10 +355,22 @@ mod tests {
                         segment: 2,
                         offset: 100,
                         len: 5,
+                        crc: None,
                     },
                 );
                 encode_key(b, b"k3", 5, KeyValue::Tombstone { at_secs: 9 });
-                3
+                encode_key(
+                    b,
+                    b"k4",
+                    6,
+                    KeyValue::Ref {
+                        segment: 3,
+                        offset: 200,
+                        len: 6,
+                        crc: Some(0xdead_beef),
+                    },
+                );
+                4
             }),
             section(KIND_SEEN, |b| {
                 encode_seen(
@@ -415,10 +439,20 @@ mod tests {
                     KeyValue::Ref {
                         segment: 2,
                         offset: 100,
-                        len: 5
+                        len: 5,
+                        crc: None,
                     }
                 );
                 assert_eq!(keys[2].value, KeyValue::Tombstone { at_secs: 9 });
+                assert_eq!(
+                    keys[3].value,
+                    KeyValue::Ref {
+                        segment: 3,
+                        offset: 200,
+                        len: 6,
+                        crc: Some(0xdead_beef),
+                    }
+                );
             }
             if let StateRecord::AddMarks(marks) = &decoded {
                 assert_eq!(marks[0].floor, Some(0));

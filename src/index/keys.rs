@@ -81,7 +81,7 @@ pub(crate) enum KeyState {
     Live(ValueRef),
     Deleted { at_secs: u32 },
 }
-const _: () = assert!(std::mem::size_of::<KeyEntry>() == 24);
+const _: () = assert!(std::mem::size_of::<KeyEntry>() == 32);
 
 impl KeyEntry {
     /// The live value's location; `None` for a tombstone.
@@ -103,21 +103,28 @@ impl KeyEntry {
 
 // A record, all little-endian:
 //
-// | offset | size | field                                               |
-// |--------|------|-----------------------------------------------------|
-// | 0      | 8    | seq                                                 |
-// | 8      | 12   | live: segment, offset, len; tombstone: second, 0, 0 |
-// | 20     | 2    | key length << 1, plus 1 for a tombstone             |
-// | 22     | len  | key                                                 |
+// | offset | size | field                                                         |
+// |--------|------|---------------------------------------------------------------|
+// | 0      | 8    | seq                                                           |
+// | 8      | 16   | live: segment, offset, len, CRC; tombstone: second, 0, 0, 0   |
+// | 24     | 2    | key length << 2, plus 2 if the CRC is known, 1 for a tombstone |
+// | 26     | len  | key                                                           |
 //
 // then zero to three bytes of padding to a multiple of `UNIT_BYTES`.
 const SEQ_AT: usize = 0;
 const STATE_AT: usize = SEQ_AT + 8;
-const KEY_WORD_AT: usize = STATE_AT + 12;
+const KEY_WORD_AT: usize = STATE_AT + 16;
 const KEY_AT: usize = KEY_WORD_AT + 2;
+const TOMBSTONE_FLAG: u16 = 1;
+const CRC_FLAG: u16 = 2;
 /// Records start at multiples of this; addresses count these units.
 const UNIT_BYTES: usize = 4;
-const _: () = assert!(ID_BYTES_MAX < 1 << 15, "key length fits beside the flag");
+const _: () = assert!(ID_BYTES_MAX < 1 << 14, "key length fits beside the flags");
+
+/// The key length a record's key word holds.
+fn key_len(key_word: u16) -> usize {
+    usize::from(key_word >> 2)
+}
 
 fn record_bytes(key_len: usize) -> usize {
     (KEY_AT + key_len).next_multiple_of(UNIT_BYTES)
@@ -197,7 +204,7 @@ impl Arena {
     fn record(&self, address: u32) -> &[u8] {
         let (chunk, at) = self.locate(address);
         let chunk = self.chunks.get(chunk).expect("a record's chunk exists");
-        let len = usize::from(u16::from_le_bytes(le(chunk, at + KEY_WORD_AT)) >> 1);
+        let len = key_len(u16::from_le_bytes(le(chunk, at + KEY_WORD_AT)));
         chunk
             .get(at..at + KEY_AT + len)
             .expect("a record lies inside its chunk")
@@ -220,8 +227,8 @@ impl Arena {
             .and_then(|c| c.get_mut(at..at + KEY_AT))
             .expect("a record lies inside its chunk");
         let key_word = u16::from_le_bytes(le(header, KEY_WORD_AT));
-        let was_live = key_word & 1 == 0;
-        header.copy_from_slice(&encode_header(entry, usize::from(key_word >> 1)));
+        let was_live = key_word & TOMBSTONE_FLAG == 0;
+        header.copy_from_slice(&encode_header(entry, key_len(key_word)));
         was_live
     }
 
@@ -266,8 +273,8 @@ impl Arena {
                 let c = self.chunks.get(chunk)?;
                 if at < c.len() {
                     let address = self.address(chunk, at)?;
-                    let len = u16::from_le_bytes(le(c, at + KEY_WORD_AT)) >> 1;
-                    at += record_bytes(usize::from(len));
+                    let len = key_len(u16::from_le_bytes(le(c, at + KEY_WORD_AT)));
+                    at += record_bytes(len);
                     return Some(address);
                 }
                 (chunk, at) = (chunk + 1, 0);
@@ -282,11 +289,15 @@ impl Arena {
 }
 
 fn encode_header(entry: KeyEntry, key_len: usize) -> [u8; KEY_AT] {
-    let (state, tombstone) = match entry.state {
-        KeyState::Live(v) => ([v.segment, v.offset, v.len], 0),
-        KeyState::Deleted { at_secs } => ([at_secs, 0, 0], 1),
+    let (state, flags) = match entry.state {
+        KeyState::Live(v) => {
+            let crc_flag = if v.crc.is_some() { CRC_FLAG } else { 0 };
+            let crc = v.crc.unwrap_or(0);
+            ([v.segment, v.offset, v.len, crc], crc_flag)
+        }
+        KeyState::Deleted { at_secs } => ([at_secs, 0, 0, 0], TOMBSTONE_FLAG),
     };
-    let key_word = u16::try_from((key_len << 1) | tombstone).expect("key length fits in 15 bits");
+    let key_word = u16::try_from(key_len << 2).expect("key length fits in 14 bits") | flags;
     let mut header = [0; KEY_AT];
     let (seq, rest) = header.split_at_mut(STATE_AT);
     seq.copy_from_slice(&entry.seq.to_le_bytes());
@@ -301,14 +312,15 @@ fn encode_header(entry: KeyEntry, key_len: usize) -> [u8; KEY_AT] {
 fn decode_entry(record: &[u8]) -> KeyEntry {
     let seq = u64::from_le_bytes(le(record, SEQ_AT));
     let word = |i: usize| u32::from_le_bytes(le(record, STATE_AT + 4 * i));
-    let tombstone = u16::from_le_bytes(le(record, KEY_WORD_AT)) & 1 == 1;
-    let state = if tombstone {
+    let flags = u16::from_le_bytes(le(record, KEY_WORD_AT));
+    let state = if flags & TOMBSTONE_FLAG != 0 {
         KeyState::Deleted { at_secs: word(0) }
     } else {
         KeyState::Live(ValueRef {
             segment: word(0),
             offset: word(1),
             len: word(2),
+            crc: (flags & CRC_FLAG != 0).then(|| word(3)),
         })
     };
     KeyEntry { seq, state }
@@ -635,7 +647,7 @@ impl KeyIndex {
             match arena.entry(a).state {
                 KeyState::Live(_) => live += 1,
                 KeyState::Deleted { .. } => {
-                    assert_eq!(record.get(STATE_AT + 4..KEY_WORD_AT), Some(&[0; 8][..]));
+                    assert_eq!(record.get(STATE_AT + 4..KEY_WORD_AT), Some(&[0; 12][..]));
                 }
             }
         }
@@ -777,6 +789,7 @@ mod tests {
                 segment,
                 offset: 4,
                 len: 1,
+                crc: None,
             }),
         }
     }
@@ -941,13 +954,20 @@ mod tests {
 
     fn entry() -> impl Strategy<Value = KeyEntry> {
         let state = prop_oneof![
-            (0..4u32, any::<u32>(), any::<u32>()).prop_map(|(segment, offset, len)| {
-                KeyState::Live(ValueRef {
-                    segment,
-                    offset,
-                    len,
-                })
-            }),
+            (
+                0..4u32,
+                any::<u32>(),
+                any::<u32>(),
+                proptest::option::of(any::<u32>())
+            )
+                .prop_map(|(segment, offset, len, crc)| {
+                    KeyState::Live(ValueRef {
+                        segment,
+                        offset,
+                        len,
+                        crc,
+                    })
+                }),
             (0..20u32).prop_map(|at_secs| KeyState::Deleted { at_secs }),
         ];
         (any::<u64>(), state).prop_map(|(seq, state)| KeyEntry { seq, state })

@@ -110,7 +110,11 @@ impl Index {
                 self.keys.prefetch_record(ahead.key);
             }
             let state = match w.op {
-                WriteView::Put { value, value_at } => {
+                WriteView::Put {
+                    value,
+                    value_at,
+                    crc,
+                } => {
                     let offset = u32::try_from(value_at)
                         .ok()
                         .and_then(|at| body_at.checked_add(at))
@@ -120,6 +124,7 @@ impl Index {
                         segment,
                         offset,
                         len,
+                        crc: Some(crc),
                     })
                 }
                 WriteView::Delete => KeyState::Deleted { at_secs },

@@ -36,6 +36,9 @@ pub(crate) struct ValueRef {
     pub segment: u32,
     pub offset: u32,
     pub len: u32,
+    /// The value's CRC, when the index knows it without reading the
+    /// segment: every write and replay sets it, a snapshot does not hold it.
+    pub crc: Option<u32>,
 }
 
 fn corruption(segment: u32, offset: u64, reason: &str) -> Error {
@@ -154,16 +157,67 @@ impl SegmentMaps {
     }
 
     /// Whether the stored value equals `candidate`. Cheaper than `read`:
-    /// lengths, then the stored CRC against the candidate's, then the bytes.
-    /// Equal bytes under a matching CRC are themselves verified, and a
-    /// damaged value only ever compares unequal.
+    /// lengths, then the CRC the index knows (which spares reading the
+    /// segment for most values that differ), then the stored CRC against the
+    /// candidate's, then the bytes. Equal bytes under a matching CRC are
+    /// themselves verified, and a damaged value only ever compares unequal.
     pub(crate) fn equals(&self, value: ValueRef, candidate: &[u8]) -> Result<bool> {
         if value.len as usize != candidate.len() {
             return Ok(false);
         }
         let candidate_crc = crc32fast::hash(candidate);
-        self.with_raw(value, |crc, map, range| {
-            crc == candidate_crc && map.get(range) == Some(candidate)
+        match value.crc {
+            Some(crc) if crc != candidate_crc => Ok(false),
+            // Most likely equal: the bytes are read with `read_at`, which
+            // maps no page (these reads land anywhere in the log, and a
+            // fault through the map would bring in the pages around).
+            Some(_) => {
+                let (mut small, mut large) = ([0; 256], Vec::new());
+                let stored = match small.get_mut(..4 + candidate.len()) {
+                    Some(stored) => stored,
+                    None => {
+                        large.resize(4 + candidate.len(), 0);
+                        &mut large[..]
+                    }
+                };
+                self.read_raw(value, stored)?;
+                let (crc, bytes) = stored.split_at(4);
+                Ok(crc == candidate_crc.to_le_bytes() && bytes == candidate)
+            }
+            None => self.with_raw(value, |crc, map, range| {
+                crc == candidate_crc && map.get(range) == Some(candidate)
+            }),
+        }
+    }
+
+    /// Reads a value's stored CRC and bytes, unchecked, into `out`.
+    fn read_raw(&self, value: ValueRef, out: &mut [u8]) -> Result<()> {
+        let start = value.offset.checked_sub(4).ok_or_else(|| {
+            corruption(
+                value.segment,
+                u64::from(value.offset),
+                "value offset before its checksum",
+            )
+        })?;
+        let file = self
+            .maps
+            .read()
+            .get(&value.segment)
+            .map(|m| Arc::clone(&m.file))
+            .ok_or_else(|| {
+                let at = u64::from(value.offset);
+                corruption(value.segment, at, "value refers to a missing segment")
+            })?;
+        file.read_at(u64::from(start), out).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                corruption(
+                    value.segment,
+                    u64::from(value.offset),
+                    "value beyond the end of its segment",
+                )
+            } else {
+                Error::io("read", segment_file_name(value.segment), e)
+            }
         })
     }
 }
@@ -189,9 +243,16 @@ mod tests {
             segment: 1,
             offset: 12,
             len: 5,
+            crc: None,
         };
         assert!(maps.equals(v, b"hello").unwrap());
         assert!(!maps.equals(v, b"hellO").unwrap());
+        let hello = crc32fast::hash(b"hello");
+        let known = ValueRef {
+            crc: Some(hello),
+            ..v
+        };
+        assert!(maps.equals(known, b"hello").unwrap(), "confirmed by a read");
         assert!(!maps.equals(v, b"hell").unwrap());
         assert_eq!(&maps.read(v).unwrap()[..], b"hello");
 
@@ -204,5 +265,43 @@ mod tests {
         let w = ValueRef { segment: 2, ..v };
         assert!(!maps.equals(w, b"hello").unwrap());
         assert!(matches!(maps.read(w), Err(Error::Corruption { .. })));
+        // A known CRC is still checked against the stored bytes.
+        let known = |crc| ValueRef {
+            crc: Some(crc),
+            ..w
+        };
+        assert!(
+            !maps
+                .equals(known(crc32fast::hash(b"hello")), b"hello")
+                .unwrap()
+        );
+    }
+
+    #[test]
+    fn a_known_crc_that_differs_answers_without_reading_the_segment() {
+        let maps = SegmentMaps::new(0);
+        let unmapped = ValueRef {
+            segment: 9,
+            offset: 12,
+            len: 5,
+            crc: None,
+        };
+        assert!(
+            maps.equals(unmapped, b"hello").is_err(),
+            "segment 9 is not mapped"
+        );
+        let known = ValueRef {
+            crc: Some(crc32fast::hash(b"world")),
+            ..unmapped
+        };
+        assert!(!maps.equals(known, b"hello").unwrap());
+        let same = ValueRef {
+            crc: Some(crc32fast::hash(b"hello")),
+            ..unmapped
+        };
+        assert!(
+            maps.equals(same, b"hello").is_err(),
+            "a matching CRC reads the bytes"
+        );
     }
 }

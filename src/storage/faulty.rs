@@ -63,6 +63,8 @@ pub enum OpKind {
     Len,
     /// `StorageFile::map`.
     Map,
+    /// `StorageFile::read_at`.
+    Read,
     /// `Storage::rename`.
     Rename,
     /// `Storage::remove_file`.
@@ -920,6 +922,20 @@ impl StorageFile for FaultyFile {
         let mut disk = self.shared.disk.lock();
         check(&self.shared, &mut disk, OpKind::Map, &self.path)?;
         Ok(Bytes::from(disk.inode(self.ino).current.clone()))
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let mut disk = self.shared.disk.lock();
+        check(&self.shared, &mut disk, OpKind::Read, &self.path)?;
+        let bytes = usize::try_from(offset)
+            .ok()
+            .and_then(|start| {
+                let current = &disk.inode(self.ino).current;
+                current.get(start..start.checked_add(buf.len())?)
+            })
+            .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
+        buf.copy_from_slice(bytes);
+        Ok(())
     }
 }
 

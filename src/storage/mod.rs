@@ -71,4 +71,18 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
     /// implementation may map that far so that later appends need no remap.
     /// Callers never read past what they know was written.
     fn map(&self, reserve: u64) -> io::Result<Bytes>;
+    /// Reads exactly `buf.len()` bytes at `offset`, inside what was written.
+    /// Unlike reading through a map, this brings no page into the process:
+    /// the engine uses it for scattered small reads, so that the log's pages
+    /// do not pile up in its resident memory. The default reads through a
+    /// map.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let map = self.map(0)?;
+        let bytes = usize::try_from(offset)
+            .ok()
+            .and_then(|start| map.get(start..start.checked_add(buf.len())?))
+            .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
+        buf.copy_from_slice(bytes);
+        Ok(())
+    }
 }

@@ -110,4 +110,9 @@ impl StorageFile for OsFile {
         let map = unsafe { memmap2::MmapOptions::new().len(len).map(&self.file)? };
         Ok(Bytes::from_owner(map))
     }
+
+    #[cfg(unix)]
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        std::os::unix::fs::FileExt::read_exact_at(&self.file, buf, offset)
+    }
 }
