@@ -351,7 +351,7 @@ fn load_snapshot(
     std::thread::scope(|scope| {
         let failed =
             |e: LoadError| format!("{} in the record at offset {}", e.what, e.record_offset);
-        let mut loader = StateLoader::with_key_thread(FileKind::Snapshot, scope, index);
+        let mut loader = StateLoader::with_key_thread(FileKind::Snapshot, scope, index, map.len());
         for item in SegmentReader::new(&map, 0) {
             let record = match item {
                 Ok(record) => record,

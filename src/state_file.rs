@@ -27,7 +27,7 @@ use crate::index::Index;
 use crate::index::add_marks::AddMark;
 use crate::index::batches::BatchEntry;
 use crate::index::keys::{KeyEntry, KeyIndex, KeyState};
-use crate::index::seen::Seen;
+use crate::index::seen::{BulkFilter, Seen};
 use crate::log::reader::RecordRef;
 use crate::log::segments::ValueRef;
 use crate::storage::{OpenMode, Storage, StorageFile};
@@ -272,7 +272,9 @@ impl LoadError {
 /// Keys are the one part of a state file whose loading needs no other:
 /// `with_key_thread` hands their records to a thread of their own, which
 /// owns `index.keys` until the end record, so a snapshot's keys and its
-/// seen ids load on two cores at once.
+/// seen ids load on two cores at once. Once the keys are in, that thread
+/// also fills the seen ids' filter from the seen records, while this one
+/// pushes the ids into the seen index.
 #[derive(Debug)]
 pub(crate) struct StateLoader<'s> {
     keys: KeyStage<'s>,
@@ -281,6 +283,10 @@ pub(crate) struct StateLoader<'s> {
     totals: [u64; 6],
     /// The kind of the latest record: sections come in kind order.
     last_kind: u8,
+    /// The file's length (0 when unknown), which bounds its seen ids.
+    file_len: usize,
+    /// The seen ids' filter the key thread built.
+    seen_filter: Option<BulkFilter>,
     end: Option<StateEnd>,
 }
 
@@ -288,17 +294,34 @@ pub(crate) struct StateLoader<'s> {
 enum KeyStage<'s> {
     /// Key records are applied as they come, on the caller's thread.
     Here(KeyLoader),
-    /// Key records are sent to a thread which owns the keys; the sender
-    /// is dropped at the end of the key section, which lets the thread
-    /// build the key table while the rest loads.
+    /// Key and seen records are sent to a thread which owns the keys; the
+    /// sender is dropped after the seen section.
     Thread {
-        records: Option<mpsc::Sender<(RecordRef<'s>, u32)>>,
+        records: Option<mpsc::Sender<Handed<'s>>>,
         loaded: ScopedJoinHandle<'s, LoadedKeys>,
     },
 }
 
-/// What a key thread hands back: the keys, its loader, and its first failure.
-type LoadedKeys = (KeyIndex, KeyLoader, Result<(), LoadError>);
+/// What the loading thread hands the key thread.
+#[derive(Debug)]
+enum Handed<'s> {
+    /// A key record of segment `.1`.
+    Keys(RecordRef<'s>, u32),
+    /// A seen record, for the filter; `.1` bounds the number of seen ids
+    /// in the file, which sizes the filter.
+    SeenIds(RecordRef<'s>, usize),
+}
+
+/// What a key thread hands back.
+#[derive(Debug)]
+struct LoadedKeys {
+    keys: KeyIndex,
+    key_loader: KeyLoader,
+    /// The seen ids' filter, if seen records were handed over.
+    filter: Option<BulkFilter>,
+    /// The first failure of a key record.
+    result: Result<(), LoadError>,
+}
 
 /// Loads key records: refuses the wrong kind of value for the file and notes
 /// how far value references reach.
@@ -391,34 +414,68 @@ impl<'s> StateLoader<'s> {
             keys: KeyStage::Here(KeyLoader::new(kind)),
             totals: [0; 6],
             last_kind: 0,
+            file_len: 0,
+            seen_filter: None,
             end: None,
         }
     }
 
     /// A loader that loads keys on a thread of `scope`, taking `index.keys`
-    /// until the end record gives them back. If no thread can be started
-    /// the keys load on the caller's thread.
+    /// until the end record gives them back, from a file of `file_len`
+    /// bytes. If no thread can be started the keys load on the caller's
+    /// thread.
     pub(crate) fn with_key_thread<'env>(
         kind: FileKind,
         scope: &'s Scope<'s, 'env>,
         index: &mut Index,
+        file_len: usize,
     ) -> Self {
         let mut loader = Self::new(kind);
-        let key_loader = KeyLoader::new(kind);
-        let (records, received) = mpsc::channel::<(RecordRef<'s>, u32)>();
+        loader.file_len = file_len;
+        let mut key_loader = KeyLoader::new(kind);
+        let (records, received) = mpsc::channel::<Handed<'s>>();
         let (give_keys, take_keys) = mpsc::channel::<KeyIndex>();
         let spawned = std::thread::Builder::new()
             .name("idemkv-load-keys".into())
             .spawn_scoped(scope, move || {
                 let mut keys = take_keys.recv().unwrap_or_default();
-                let mut key_loader = key_loader;
-                for (record, segment) in received {
-                    if let Err(e) = key_loader.apply(&mut keys, &record, segment) {
-                        return (keys, key_loader, Err(LoadError::new(&record, e)));
+                let mut filter = None;
+                for handed in received {
+                    match handed {
+                        Handed::Keys(record, segment) => {
+                            if let Err(e) = key_loader.apply(&mut keys, &record, segment) {
+                                let result = Err(LoadError::new(&record, e));
+                                return LoadedKeys {
+                                    keys,
+                                    key_loader,
+                                    filter: None,
+                                    result,
+                                };
+                            }
+                        }
+                        Handed::SeenIds(record, ids_at_most) => {
+                            let filter = filter.get_or_insert_with(|| {
+                                // The key section is over.
+                                keys.finish_bulk();
+                                BulkFilter::new(ids_at_most)
+                            });
+                            // The loading thread checks these records and
+                            // reports their failures.
+                            if let Ok(StateRecord::Seen(seen)) =
+                                state::decode_state(record.kind, record.body)
+                            {
+                                seen.iter().for_each(|s| filter.add(s.id));
+                            }
+                        }
                     }
                 }
                 keys.finish_bulk();
-                (keys, key_loader, Ok(()))
+                LoadedKeys {
+                    keys,
+                    key_loader,
+                    filter,
+                    result: Ok(()),
+                }
             });
         // Without a thread the keys stay where they are and load here.
         if let Ok(loaded) = spawned {
@@ -473,13 +530,24 @@ impl<'s> StateLoader<'s> {
                     .apply(&mut index.keys, record, segment)
                     .map_err(|e| LoadError::new(record, e));
             }
-            KeyStage::Thread { records, .. } if record.kind == state::KIND_KEYS => {
-                // A send fails only once the thread has stopped on a
-                // failure, which the end record reports.
-                if let Some(records) = records {
-                    let _ = records.send((*record, segment));
-                }
+            // A send fails only once the thread has stopped on a failure,
+            // which the end record reports.
+            KeyStage::Thread {
+                records: Some(records),
+                ..
+            } if record.kind == state::KIND_KEYS => {
+                let _ = records.send(Handed::Keys(*record, segment));
                 return Ok(());
+            }
+            KeyStage::Thread {
+                records: Some(records),
+                ..
+            } if record.kind == state::KIND_SEEN => {
+                // Entries take `SEEN_ENTRY_LEN` bytes, so the rest of the
+                // file holds at most this many.
+                let rest = self.file_len.saturating_sub(record.offset as usize);
+                let ids_at_most = rest / state::SEEN_ENTRY_LEN;
+                let _ = records.send(Handed::SeenIds(*record, ids_at_most));
             }
             KeyStage::Thread { records, .. } => *records = None,
             KeyStage::Here(_) => {}
@@ -540,10 +608,12 @@ impl<'s> StateLoader<'s> {
                 }
             }
             StateRecord::End(end) => {
-                // The key thread builds its table meanwhile.
-                index.seen.finish_bulk().map_err(fail)?;
                 self.join_keys(index)?;
                 index.keys.finish_bulk();
+                index
+                    .seen
+                    .finish_bulk(self.seen_filter.take())
+                    .map_err(fail)?;
                 if let KeyStage::Here(key_loader) = &self.keys {
                     self.totals[0] = key_loader.count;
                 }
@@ -570,13 +640,14 @@ impl<'s> StateLoader<'s> {
         };
         // The thread ends once every record sent has been applied.
         drop(records);
-        let (keys, key_loader, result) = match loaded.join() {
+        let loaded = match loaded.join() {
             Ok(loaded) => loaded,
             Err(panic) => std::panic::resume_unwind(panic),
         };
-        index.keys = keys;
-        self.keys = KeyStage::Here(key_loader);
-        result
+        index.keys = loaded.keys;
+        self.keys = KeyStage::Here(loaded.key_loader);
+        self.seen_filter = loaded.filter;
+        loaded.result
     }
 
     /// The end record, once read: the state is complete.
@@ -706,7 +777,7 @@ mod tests {
         let mut index = Index::default();
         let extents = std::thread::scope(|scope| {
             let mut loader = if key_thread {
-                StateLoader::with_key_thread(FileKind::Snapshot, scope, &mut index)
+                StateLoader::with_key_thread(FileKind::Snapshot, scope, &mut index, file.len())
             } else {
                 StateLoader::new(FileKind::Snapshot)
             };
@@ -769,6 +840,9 @@ mod tests {
             threaded.seen.iter().collect::<Vec<_>>()
         );
         assert_eq!(threaded.seen.len(), 1999);
+        // Lookups ask the filter the key thread built first.
+        assert!(ids(1..2000).all(|id| threaded.seen.get(id).is_some()));
+        assert!(ids(2000..2100).all(|id| threaded.seen.get(id).is_none()));
         assert_eq!(threaded.log_time_ms, 5);
     }
 

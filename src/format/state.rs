@@ -24,7 +24,7 @@ const KEY_REF: u8 = 1;
 const KEY_REF_CRC: u8 = 3;
 const KEY_TOMBSTONE: u8 = 2;
 
-const SEEN_ENTRY_LEN: usize = 16 + 8 + 4;
+pub(crate) const SEEN_ENTRY_LEN: usize = 16 + 8 + 4;
 
 /// A record body is flushed once its entries pass this size.
 pub(crate) const STATE_RECORD_BYTES_TARGET: usize = 1 << 20;

@@ -91,6 +91,13 @@ impl IdFilter {
         self.added += 1;
     }
 
+    /// Whether the filter holds `len` ids and is sized for one to two times
+    /// what `build` would size it for them.
+    pub(crate) fn suits(&self, len: usize) -> bool {
+        let built = len.saturating_add(len / 2).max(CAPACITY_MIN);
+        self.added == len && (built..=built.saturating_mul(2)).contains(&self.capacity)
+    }
+
     /// Whether as many ids were added as the filter was sized for.
     pub(crate) fn is_full(&self) -> bool {
         self.added >= self.capacity
@@ -147,6 +154,20 @@ mod tests {
             filter.add(id(i));
         }
         assert!(filter.is_full());
+    }
+
+    #[test]
+    fn a_filter_suits_only_the_ids_it_holds_at_about_the_size_a_build_gives() {
+        let filled = |sized_for: usize, ids: u64| {
+            let mut filter = IdFilter::with_capacity(sized_for);
+            (0..ids).for_each(|i| filter.add(id(i)));
+            filter
+        };
+        assert!(filled(15_000, 10_000).suits(10_000), "as built");
+        assert!(filled(30_000, 10_000).suits(10_000), "twice as large");
+        assert!(!filled(31_000, 10_000).suits(10_000), "too large");
+        assert!(!filled(14_000, 10_000).suits(10_000), "too small");
+        assert!(!filled(15_000, 9_999).suits(10_000), "an id missing");
     }
 
     #[test]

@@ -27,6 +27,22 @@ struct Entry {
 }
 const _: () = assert!(std::mem::size_of::<Entry>() == 24);
 
+/// The seen-id filter of a bulk load, filled with the ids a state file
+/// holds while another thread pushes them (`SeenIndex::finish_bulk`).
+#[derive(Debug)]
+pub(crate) struct BulkFilter(IdFilter);
+
+impl BulkFilter {
+    /// An empty filter sized for at most `ids` ids.
+    pub(crate) fn new(ids: usize) -> Self {
+        Self(IdFilter::with_capacity(ids.saturating_add(ids / 2)))
+    }
+
+    pub(crate) fn add(&mut self, id: u128) {
+        self.0.add(split(id));
+    }
+}
+
 fn split(id: u128) -> [u64; 2] {
     [(id >> 64) as u64, id as u64]
 }
@@ -202,8 +218,10 @@ impl SeenIndex {
         Ok(())
     }
 
-    /// Ends a bulk load.
-    pub(crate) fn finish_bulk(&mut self) -> Result<(), &'static str> {
+    /// Ends a bulk load, with the filter of the ids pushed if another thread
+    /// built it meanwhile (it is rebuilt if it holds other ids or is sized
+    /// too far off).
+    pub(crate) fn finish_bulk(&mut self, filter: Option<BulkFilter>) -> Result<(), &'static str> {
         if self
             .recent
             .keys()
@@ -214,7 +232,12 @@ impl SeenIndex {
         self.run.shrink_to_fit();
         self.times.shrink_to_fit();
         self.rebuild_directory();
-        self.rebuild_filter();
+        match filter {
+            Some(BulkFilter(filter)) if self.recent.is_empty() && filter.suits(self.run.len()) => {
+                self.filter = filter;
+            }
+            _ => self.rebuild_filter(),
+        }
         Ok(())
     }
 
