@@ -363,6 +363,7 @@ fn load_snapshot(
             };
             loader.apply(index, &record, 0).map_err(failed)?;
         }
+        loader.join_keys(index).map_err(failed)?;
         let end = loader.end().ok_or("snapshot has no end record")?;
         Ok(LoadedSnapshot {
             end,

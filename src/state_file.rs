@@ -405,6 +405,50 @@ impl KeyLoader {
     }
 }
 
+/// The key thread's work: the key records handed to it into `keys`, then,
+/// once the key table is built, the ids of the seen records into a filter.
+fn load_on_key_thread(
+    mut keys: KeyIndex,
+    mut key_loader: KeyLoader,
+    received: &mpsc::Receiver<Handed<'_>>,
+) -> LoadedKeys {
+    let mut filter = None;
+    for handed in received {
+        match handed {
+            Handed::Keys(record, segment) => {
+                if let Err(e) = key_loader.apply(&mut keys, &record, segment) {
+                    let result = Err(LoadError::new(&record, e));
+                    return LoadedKeys {
+                        keys,
+                        key_loader,
+                        filter: None,
+                        result,
+                    };
+                }
+            }
+            Handed::SeenIds(record, ids_at_most) => {
+                let filter = filter.get_or_insert_with(|| {
+                    // The key section is over.
+                    keys.finish_bulk();
+                    BulkFilter::new(ids_at_most)
+                });
+                // The loading thread checks these records and reports their
+                // failures.
+                if let Ok(StateRecord::Seen(seen)) = state::decode_state(record.kind, record.body) {
+                    seen.iter().for_each(|s| filter.add(s.id));
+                }
+            }
+        }
+    }
+    keys.finish_bulk();
+    LoadedKeys {
+        keys,
+        key_loader,
+        filter,
+        result: Ok(()),
+    }
+}
+
 impl<'s> StateLoader<'s> {
     /// A loader for a base segment or a snapshot, which loads keys on the
     /// caller's thread.
@@ -432,50 +476,14 @@ impl<'s> StateLoader<'s> {
     ) -> Self {
         let mut loader = Self::new(kind);
         loader.file_len = file_len;
-        let mut key_loader = KeyLoader::new(kind);
+        let key_loader = KeyLoader::new(kind);
         let (records, received) = mpsc::channel::<Handed<'s>>();
         let (give_keys, take_keys) = mpsc::channel::<KeyIndex>();
         let spawned = std::thread::Builder::new()
             .name("idemkv-load-keys".into())
             .spawn_scoped(scope, move || {
-                let mut keys = take_keys.recv().unwrap_or_default();
-                let mut filter = None;
-                for handed in received {
-                    match handed {
-                        Handed::Keys(record, segment) => {
-                            if let Err(e) = key_loader.apply(&mut keys, &record, segment) {
-                                let result = Err(LoadError::new(&record, e));
-                                return LoadedKeys {
-                                    keys,
-                                    key_loader,
-                                    filter: None,
-                                    result,
-                                };
-                            }
-                        }
-                        Handed::SeenIds(record, ids_at_most) => {
-                            let filter = filter.get_or_insert_with(|| {
-                                // The key section is over.
-                                keys.finish_bulk();
-                                BulkFilter::new(ids_at_most)
-                            });
-                            // The loading thread checks these records and
-                            // reports their failures.
-                            if let Ok(StateRecord::Seen(seen)) =
-                                state::decode_state(record.kind, record.body)
-                            {
-                                seen.iter().for_each(|s| filter.add(s.id));
-                            }
-                        }
-                    }
-                }
-                keys.finish_bulk();
-                LoadedKeys {
-                    keys,
-                    key_loader,
-                    filter,
-                    result: Ok(()),
-                }
+                let keys = take_keys.recv().unwrap_or_default();
+                load_on_key_thread(keys, key_loader, &received)
             });
         // Without a thread the keys stay where they are and load here.
         if let Ok(loaded) = spawned {

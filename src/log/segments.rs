@@ -37,7 +37,9 @@ pub(crate) struct ValueRef {
     pub offset: u32,
     pub len: u32,
     /// The value's CRC, when the index knows it without reading the
-    /// segment: every write and replay sets it, a snapshot does not hold it.
+    /// segment: writes, replay and base segments give it, snapshots keep
+    /// it; only a snapshot written before they did (key tag `REF`) loads
+    /// keys without it.
     pub crc: Option<u32>,
 }
 
@@ -184,6 +186,7 @@ impl SegmentMaps {
                 let (crc, bytes) = stored.split_at(4);
                 Ok(crc == candidate_crc.to_le_bytes() && bytes == candidate)
             }
+            // Unknown (see `ValueRef::crc`): read through the map.
             None => self.with_raw(value, |crc, map, range| {
                 crc == candidate_crc && map.get(range) == Some(candidate)
             }),
