@@ -64,7 +64,7 @@ impl Store {
         };
         let mut pause = cut_started.elapsed();
 
-        let read_value = |v| self.maps.read(v);
+        let read_value = |v| self.maps.read_copy(v);
         let rewritten =
             compaction::rewrite(storage, &self.dir, self.ttls(), cut, now_ms, &read_value)?;
         let base_id = rewritten.base_id;
