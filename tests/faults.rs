@@ -728,14 +728,11 @@ fn bit_rot_in_every_byte_of_an_earlier_record_is_corruption_and_repair_salvages_
     }
 }
 
-#[test]
-fn bit_rot_inside_a_value_is_corruption_from_open_or_get() {
-    let batches = workload();
-    let clean = clean_run(&batches, false);
-    let all = records(&clean);
-    // Batch 8 puts value(8, 0) on k1, which no later batch overwrites.
-    let r = 8;
-    let (segment, range, _) = all.get(r).expect("record 8").clone();
+/// Where k1's live value lies: batch 8 puts value(8, 0) on k1, which no
+/// later batch overwrites. Returns its segment, its record's range and the
+/// value's offset.
+fn live_value_of_k1(clean: &Clean) -> (u64, Range<u64>, u64) {
+    let (segment, range, _) = records(clean).get(8).expect("record 8").clone();
     let bytes = clean
         .storage
         .read_file(segment_path(segment))
@@ -745,16 +742,25 @@ fn bit_rot_inside_a_value_is_corruption_from_open_or_get() {
         .windows(needle.len())
         .position(|w| w == needle.as_slice())
         .expect("the value is stored verbatim") as u64;
-    assert!(range.contains(&at), "the value is inside record {r}");
+    assert!(range.contains(&at), "the value is inside record 8");
     assert_eq!(
         clean
             .states
             .last()
             .and_then(|s| s.rows.iter().find(|(k, _)| k == "k1"))
             .map(|(_, v)| v.value.to_vec()),
-        Some(needle.clone()),
+        Some(needle),
         "k1 holds the value at the end"
     );
+    (segment, range, at)
+}
+
+#[test]
+fn bit_rot_inside_a_value_is_corruption_from_open_or_get() {
+    let batches = workload();
+    let clean = clean_run(&batches, false);
+    let r = 8;
+    let (segment, range, at) = live_value_of_k1(&clean);
 
     // With the snapshot, open does not read the record: `get` must report it.
     let storage = clean_disk(&clean, SnapshotKept::Kept);
@@ -782,19 +788,7 @@ fn bit_rot_inside_a_value_is_corruption_from_open_or_get() {
 fn compaction_over_a_damaged_live_value_is_corruption_and_changes_nothing() {
     let batches = workload();
     let clean = clean_run(&batches, false);
-    let all = records(&clean);
-    // As in `bit_rot_inside_a_value_is_corruption_from_open_or_get`: batch 8
-    // puts value(8, 0) on k1, which no later batch overwrites.
-    let (segment, range, _) = all.get(8).expect("record 8").clone();
-    let bytes = clean
-        .storage
-        .read_file(segment_path(segment))
-        .expect("segment file");
-    let needle = value(8, 0);
-    let at = bytes
-        .windows(needle.len())
-        .position(|w| w == needle.as_slice())
-        .expect("the value is stored verbatim") as u64;
+    let (segment, range, at) = live_value_of_k1(&clean);
     // With the snapshot, neither open nor compaction's rebuild reads the
     // record: the value's own CRC, checked as compaction copies it, must
     // catch the damage.

@@ -182,29 +182,24 @@ impl SegmentMaps {
             return Ok(false);
         }
         let candidate_crc = crc32fast::hash(candidate);
-        match value.crc {
-            Some(crc) if crc != candidate_crc => Ok(false),
-            // Most likely equal: the bytes are read with `read_at`, which
-            // maps no page (these reads land anywhere in the log, and a
-            // fault through the map would bring in the pages around).
-            Some(_) => {
-                let (mut small, mut large) = ([0; 256], Vec::new());
-                let stored = match small.get_mut(..4 + candidate.len()) {
-                    Some(stored) => stored,
-                    None => {
-                        large.resize(4 + candidate.len(), 0);
-                        &mut large[..]
-                    }
-                };
-                self.read_raw(value, stored)?;
-                let (crc, bytes) = stored.split_at(4);
-                Ok(crc == candidate_crc.to_le_bytes() && bytes == candidate)
-            }
-            // Unknown (see `ValueRef::crc`): read through the map.
-            None => self.with_raw(value, |crc, map, range| {
-                crc == candidate_crc && map.get(range) == Some(candidate)
-            }),
+        if value.crc.is_some_and(|crc| crc != candidate_crc) {
+            return Ok(false);
         }
+        // Most likely equal, or a key loaded without its CRC: the stored CRC
+        // and bytes decide, read with `read_at`, which maps no page (these
+        // reads land anywhere in the log, and a fault through the map would
+        // bring in the pages around).
+        let (mut small, mut large) = ([0; 256], Vec::new());
+        let stored = match small.get_mut(..4 + candidate.len()) {
+            Some(stored) => stored,
+            None => {
+                large.resize(4 + candidate.len(), 0);
+                &mut large[..]
+            }
+        };
+        self.read_raw(value, stored)?;
+        let (crc, bytes) = stored.split_at(4);
+        Ok(crc == candidate_crc.to_le_bytes() && bytes == candidate)
     }
 
     /// Reads a value's stored CRC and bytes, unchecked, into `out`.

@@ -632,38 +632,26 @@ mod tests {
     #[test]
     fn a_failed_key_record_is_reported_before_any_later_failure_on_either_path() {
         let unsorted_keys = key_record([1, 3, 2].into_iter());
-        let unsorted_seen = seen_record([5, 4].into_iter());
-        let file = snapshot_of(&[
-            key_record(0..1),
-            unsorted_keys.clone(),
-            seen_record(1..3),
-            end_record(4, 2),
-        ]);
         let second_record_at =
             u32::try_from(SEGMENT_HEADER_LEN + FRAME_HEADER_LEN + key_record(0..1).1.len())
                 .expect("small");
-        for key_thread in [false, true] {
-            let e = load(&file, key_thread).expect_err("unsorted keys");
-            assert_eq!(
-                (e.what, e.record_offset),
-                ("keys are not sorted and unique", second_record_at),
-                "key thread: {key_thread}"
-            );
-        }
-        // A later failure of the seen ids does not hide it.
-        let file = snapshot_of(&[
-            key_record(0..1),
-            unsorted_keys,
-            unsorted_seen,
-            end_record(4, 2),
-        ]);
-        for key_thread in [false, true] {
-            let e = load(&file, key_thread).expect_err("unsorted keys");
-            assert_eq!(
-                (e.what, e.record_offset),
-                ("keys are not sorted and unique", second_record_at),
-                "key thread: {key_thread}"
-            );
+        // Then good seen ids, or seen ids that fail too: that later failure
+        // does not hide the first.
+        for seen in [seen_record(1..3), seen_record([5, 4].into_iter())] {
+            let file = snapshot_of(&[
+                key_record(0..1),
+                unsorted_keys.clone(),
+                seen,
+                end_record(4, 2),
+            ]);
+            for key_thread in [false, true] {
+                let e = load(&file, key_thread).expect_err("unsorted keys");
+                assert_eq!(
+                    (e.what, e.record_offset),
+                    ("keys are not sorted and unique", second_record_at),
+                    "key thread: {key_thread}"
+                );
+            }
         }
         // Nor is a failure of the key thread lost when the rest loads.
         let file = snapshot_of(&[
