@@ -755,6 +755,18 @@ fn live_value_of_k1(clean: &Clean) -> (u64, Range<u64>, u64) {
     (segment, range, at)
 }
 
+/// The clean run's disk, with its snapshot, a bit of k1's live value
+/// flipped, opened (from the snapshot, which does not read the value).
+fn open_with_k1_damaged(clean: &Clean) -> (FaultyStorage, Store) {
+    let (segment, _, at) = live_value_of_k1(clean);
+    let storage = clean_disk(clean, SnapshotKept::Kept);
+    storage
+        .corrupt(segment_path(segment), at + 5, 0x01)
+        .expect("corrupt");
+    let store = Store::open(dir(), options(&storage)).expect("open from the snapshot");
+    (storage, store)
+}
+
 #[test]
 fn bit_rot_inside_a_value_is_corruption_from_open_or_get() {
     let batches = workload();
@@ -763,11 +775,7 @@ fn bit_rot_inside_a_value_is_corruption_from_open_or_get() {
     let (segment, range, at) = live_value_of_k1(&clean);
 
     // With the snapshot, open does not read the record: `get` must report it.
-    let storage = clean_disk(&clean, SnapshotKept::Kept);
-    storage
-        .corrupt(segment_path(segment), at + 5, 0x01)
-        .expect("corrupt");
-    let store = Store::open(dir(), options(&storage)).expect("open from the snapshot");
+    let (_storage, store) = open_with_k1_damaged(&clean);
     expect_corruption(store.get("k1"), segment, &range, "get of the damaged value");
     expect_corruption(
         store.digest(),
@@ -788,15 +796,11 @@ fn bit_rot_inside_a_value_is_corruption_from_open_or_get() {
 fn compaction_over_a_damaged_live_value_is_corruption_and_changes_nothing() {
     let batches = workload();
     let clean = clean_run(&batches, false);
-    let (segment, range, at) = live_value_of_k1(&clean);
+    let (segment, range, _) = live_value_of_k1(&clean);
     // With the snapshot, neither open nor compaction's rebuild reads the
     // record: the value's own CRC, checked as compaction copies it, must
     // catch the damage.
-    let storage = clean_disk(&clean, SnapshotKept::Kept);
-    storage
-        .corrupt(segment_path(segment), at + 5, 0x01)
-        .expect("corrupt");
-    let store = Store::open(dir(), options(&storage)).expect("open from the snapshot");
+    let (storage, store) = open_with_k1_damaged(&clean);
     let segments_before = storage.list_dir(&dir()).expect("list");
     expect_corruption(store.compact(), segment, &range, "compact");
     let segments_after = storage.list_dir(&dir()).expect("list");
