@@ -204,7 +204,11 @@ fn load_on_key_thread(
                     BulkFilter::new(ids_at_most)
                 });
                 // The loading thread checks these records and reports their
-                // failures.
+                // failures. Decoding them again here is cheaper than handing
+                // over the loading thread's decoded entries: those megabyte
+                // vectors would be freed on this thread, and the loading
+                // thread would fault fresh pages for every record (measured:
+                // 115 -> 161 ms for the reopen bench's snapshot).
                 if let Ok(StateRecord::Seen(seen)) = state::decode_state(record.kind, record.body) {
                     seen.iter().for_each(|s| filter.add(s.id));
                 }
