@@ -52,6 +52,17 @@ fn corruption(segment: u32, offset: u64, reason: &str) -> Error {
     }
 }
 
+/// Where a value's CRC starts: the 4 bytes before the value.
+fn checksum_at(value: ValueRef) -> Result<u32> {
+    value.offset.checked_sub(4).ok_or_else(|| {
+        corruption(
+            value.segment,
+            u64::from(value.offset),
+            "value offset before its checksum",
+        )
+    })
+}
+
 impl SegmentMaps {
     pub(crate) fn new(reserve: u64) -> Self {
         Self {
@@ -122,13 +133,7 @@ impl SegmentMaps {
                 "value beyond the end of its segment",
             )
         };
-        let start = at.checked_sub(4).ok_or_else(|| {
-            corruption(
-                value.segment,
-                u64::from(value.offset),
-                "value offset before its checksum",
-            )
-        })?;
+        let start = checksum_at(value)? as usize;
         let end = at + value.len as usize;
         self.with_map(value.segment, end, |map| {
             let crc = map
@@ -204,13 +209,7 @@ impl SegmentMaps {
 
     /// Reads a value's stored CRC and bytes, unchecked, into `out`.
     fn read_raw(&self, value: ValueRef, out: &mut [u8]) -> Result<()> {
-        let start = value.offset.checked_sub(4).ok_or_else(|| {
-            corruption(
-                value.segment,
-                u64::from(value.offset),
-                "value offset before its checksum",
-            )
-        })?;
+        let start = checksum_at(value)?;
         let file = self
             .maps
             .read()
