@@ -1,6 +1,7 @@
-//! Microbenchmarks of each hot path: record encoding, append + sync,
-//! `apply_batch` by batch size and duplicate ratio, seen-index lookup, `get`,
-//! replay on open, and compaction.
+//! Microbenchmarks of each hot path: record encoding, append + sync (and
+//! the file system's fdatasync alone, appending or inside a preallocated
+//! length), `apply_batch` by batch size and duplicate ratio, seen-index
+//! lookup, `get`, replay on open, and compaction.
 //!
 //! `cargo bench --features testing --bench hot_paths` (add `-- <filter>` for one group).
 
@@ -57,6 +58,50 @@ fn append_sync(c: &mut Criterion) {
                 .unwrap()
         })
     });
+    g.finish();
+}
+
+/// What a commit's fdatasync costs on this file system when the write
+/// appends (the sync also writes the file's new size) and when it lands
+/// inside a length set beforehand, 4 MiB at a time as the log writer does
+/// (DESIGN.md, "Preallocated segments").
+fn file_sync(c: &mut Criterion) {
+    use std::io::Write;
+    use std::os::unix::fs::FileExt;
+    let mut g = c.benchmark_group("file_sync");
+    g.sample_size(30);
+    for size in [1_300usize, 130_000] {
+        let buf = vec![7u8; size];
+        let dir = tempfile::tempdir_in(".").unwrap();
+        let open = |name: &str| {
+            std::fs::OpenOptions::new()
+                .create_new(true)
+                .write(true)
+                .open(dir.path().join(name))
+                .unwrap()
+        };
+        g.throughput(Throughput::Bytes(size as u64));
+        let appended = open("appended");
+        g.bench_function(BenchmarkId::new("append", size), |bench| {
+            bench.iter(|| {
+                (&appended).write_all(&buf).unwrap();
+                appended.sync_data().unwrap();
+            })
+        });
+        let extended = open("extended");
+        let (mut at, mut len) = (0u64, 0u64);
+        g.bench_function(BenchmarkId::new("inside_length", size), |bench| {
+            bench.iter(|| {
+                if at + size as u64 > len {
+                    len += 4 << 20;
+                    extended.set_len(len).unwrap();
+                }
+                extended.write_all_at(&buf, at).unwrap();
+                at += size as u64;
+                extended.sync_data().unwrap();
+            })
+        });
+    }
     g.finish();
 }
 
@@ -193,6 +238,7 @@ criterion_group!(
     benches,
     encode,
     append_sync,
+    file_sync,
     apply,
     seen_lookup,
     get,

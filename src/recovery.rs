@@ -4,6 +4,7 @@
 //!
 //! | case                                               | open               | verify     | repair          |
 //! |----------------------------------------------------|--------------------|------------|-----------------|
+//! | only zeros after the last record, newest segment   | cut, not reported  | end        | end             |
 //! | torn or checksum-failing final record, newest seg  | truncated, dropped | Corruption | cut there       |
 //! | newest segment with a torn header and no records   | header rewritten   | Corruption | segment dropped |
 //! | bad record or header anywhere else                 | Corruption         | Corruption | cut there       |
@@ -34,7 +35,7 @@ use crate::index::expiry::Ttls;
 use crate::log::names::{
     SNAPSHOT_FILE, SYNC_FAILED_FILE, TMP_SUFFIX, parse_segment_file_name, segment_file_name,
 };
-use crate::log::reader::SegmentReader;
+use crate::log::reader::{SegmentReader, data_end};
 use crate::state_file::{LoadError, StateLoader};
 use crate::storage::{OpenMode, Storage, StorageFile};
 use crate::store::RepairReport;
@@ -210,8 +211,10 @@ fn walk(opened: Vec<Opened>, index: &mut Index, start: Option<(u32, u64)>) -> Wa
         };
         let mut from = SEGMENT_HEADER_LEN as u64;
         let result = match o.kind {
+            // A header cut short, with nothing after it but the zeros of
+            // the segment's extension.
             Err(reason) => Err(Problem {
-                is_tail: is_last && file_len <= SEGMENT_HEADER_LEN as u64,
+                is_tail: is_last && data_end(&o.map, SEGMENT_HEADER_LEN) <= SEGMENT_HEADER_LEN,
                 ..Problem::at(o.id, 0, reason)
             }),
             Ok(FileKind::Snapshot) => Err(Problem::at(
@@ -287,10 +290,17 @@ fn replay(
     let mut reader = SegmentReader::starting_at(map, id, from);
     let mut loader = StateLoader::new(FileKind::Base);
     for item in reader.by_ref() {
-        let record = item.map_err(|bad| Problem {
-            is_tail: is_last && bad.is_tail && kind == FileKind::Log,
-            ..Problem::at(id, bad.offset, bad.reason)
-        })?;
+        let record = match item {
+            Ok(record) => record,
+            // The newest log segment's unused extension: its records end here.
+            Err(bad) if bad.is_zeroed && is_last && kind == FileKind::Log => break,
+            Err(bad) => {
+                return Err(Problem {
+                    is_tail: is_last && bad.is_tail && kind == FileKind::Log,
+                    ..Problem::at(id, bad.offset, bad.reason)
+                });
+            }
+        };
         let at_body = |offset: usize| u64::from(record.body_at) + offset as u64;
         match (kind, record.kind) {
             (FileKind::Log, KIND_BATCH) => {
@@ -517,6 +527,23 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, ttls: Ttls) -> Result<R
         })?;
         segment.valid_len = problem.offset.max(SEGMENT_HEADER_LEN as u64);
         segment.kind = Some(FileKind::Log);
+    } else if let Some(newest) = walk
+        .segments
+        .last_mut()
+        .filter(|s| s.kind == Some(FileKind::Log))
+    {
+        // Zeros after the last record: the unused part of the segment's
+        // preallocated extension. Cut off, so that the store maps only
+        // bytes that hold records; unsynced, because if a power loss brings
+        // them back they are zeros again.
+        let path = dir.join(segment_file_name(newest.id));
+        let len = newest.file.len().map_err(|e| Error::io("stat", &path, e))?;
+        if len > newest.valid_len {
+            newest
+                .file
+                .set_len(newest.valid_len)
+                .map_err(|e| Error::io("truncate", &path, e))?;
+        }
     }
     if storage
         .list_dir(dir)

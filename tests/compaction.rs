@@ -2,6 +2,8 @@
 //! memory shrink, and `open` loads a trustworthy snapshot and rejects any
 //! other.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -359,7 +361,7 @@ fn a_torn_tail_after_the_snapshot_is_cut_and_the_snapshot_still_used() {
     copy_dir(dir.path(), copy.path());
     drop(store);
     let newest = copy.path().join(segment_files(copy.path()).last().unwrap());
-    let len = std::fs::metadata(&newest).unwrap().len();
+    let len = common::records_end(&newest);
     std::fs::OpenOptions::new()
         .write(true)
         .open(&newest)

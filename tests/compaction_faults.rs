@@ -52,7 +52,7 @@ fn a_failure_at_any_step_of_compaction_loses_nothing_and_misleads_no_reopen() {
         OpKind::SyncData,
         OpKind::Rename,
         OpKind::Remove,
-        OpKind::Append,
+        OpKind::Write,
         OpKind::Open,
     ];
     let mut failures = 0;

@@ -243,7 +243,7 @@ fn fault_at(ops: &[OpRecord], op: &OpRecord, error: FaultError) -> Fault {
     if error == FaultError::NoSpace && !is_read {
         fault = fault.always();
     }
-    if op.kind == OpKind::Append {
+    if op.kind == OpKind::Write {
         fault = fault.written_bytes(op.bytes as usize / 2);
     }
     fault
@@ -260,7 +260,7 @@ fn errno(error: FaultError) -> &'static str {
 /// the store: it writes (opening a file for reading only does not).
 fn is_write(op: &OpRecord) -> bool {
     match op.kind {
-        OpKind::Append
+        OpKind::Write
         | OpKind::SyncData
         | OpKind::SetLen
         | OpKind::SyncDir
@@ -463,7 +463,7 @@ fn faults_at_every_operation_of_the_workload_poison_and_lose_nothing() {
 /// Whether `op` appends a record to a log segment (not a segment header,
 /// and not a snapshot or a compaction's base file).
 fn is_record_append(op: &OpRecord) -> bool {
-    op.kind == OpKind::Append
+    op.kind == OpKind::Write
         && op.offset >= SEGMENT_HEADER_BYTES
         && op.path.extension().is_some_and(|e| e == "seg")
 }

@@ -9,6 +9,8 @@
 //! still open (what a `kill -9` leaves behind) and then cutting or damaging a
 //! segment file. Segment files are the `*.seg` files; name order is log order.
 
+mod common;
+
 use std::fs;
 use std::path::Path;
 
@@ -37,7 +39,7 @@ fn snap(store: &Store) -> Snap {
     }
 }
 
-/// Segment files in log order, with their lengths.
+/// Segment files in log order, with where their records end.
 fn segments(dir: &Path) -> Vec<(String, u64)> {
     let mut segs: Vec<(String, u64)> = fs::read_dir(dir)
         .expect("read_dir")
@@ -46,7 +48,7 @@ fn segments(dir: &Path) -> Vec<(String, u64)> {
         .map(|e| {
             (
                 e.file_name().to_string_lossy().into_owned(),
-                e.metadata().expect("metadata").len(),
+                common::records_end(&e.path()),
             )
         })
         .collect();
@@ -230,13 +232,18 @@ fn check_every_offset_of_final_record(built: &Built, options: &Options) {
     let (file, len_before, len_after) =
         appended_in_place(built, last).expect("build ends with an in-place append");
     let previous = &built.points[last].1;
-    for offset in len_before..len_after {
+    for (offset, zeros) in (len_before..len_after).flat_map(|o| [(o, 0), (o, 4096)]) {
         let copy = copy_dir(built.dir.path());
-        truncate(&copy.path().join(&file), offset);
-        let store = Store::open(copy.path(), options.clone()).unwrap_or_else(|e| {
-            panic!("open after cutting {file} at {offset} (record {len_before}..{len_after}): {e}")
-        });
-        let context = format!("{file} cut at {offset} (final record {len_before}..{len_after})");
+        // With zeros after the cut: the record was cut short inside the
+        // segment's preallocated extension.
+        let path = copy.path().join(&file);
+        truncate(&path, offset);
+        truncate(&path, offset + zeros);
+        let context = format!(
+            "{file} cut at {offset}, {zeros} zeros after (final record {len_before}..{len_after})"
+        );
+        let store = Store::open(copy.path(), options.clone())
+            .unwrap_or_else(|e| panic!("{context}: open: {e}"));
         assert_eq!(
             &snap(&store),
             previous,
@@ -603,6 +610,87 @@ fn verify_reports_corruption_in_an_earlier_record() {
 }
 
 #[test]
+fn a_crash_leaves_preallocated_zeros_that_open_takes_for_the_end_of_the_log() {
+    let options = Options::default();
+    let built = build(options.clone(), 10, 40);
+    let (file, _, end) = appended_in_place(&built, built.batches.len() - 1).expect("in place");
+    let len = fs::metadata(built.dir.path().join(&file)).unwrap().len();
+    assert!(
+        len > end,
+        "the newest segment is extended ahead of its records: {len}, {end}"
+    );
+
+    // What a kill -9 leaves: the extension's zeros after the last record.
+    let copy = copy_dir(built.dir.path());
+    let verified = Store::verify_dir(copy.path(), &options).expect("verify before open");
+    assert_eq!(verified.records, built.batches.len() as u64, "{verified:?}");
+    let store = open(copy.path(), &options);
+    assert_eq!(
+        store.stats().torn_bytes_discarded,
+        0,
+        "zeros are not a torn record"
+    );
+    assert_eq!(&snap(&store), &built.points.last().unwrap().1);
+    store.verify().expect("verify after open");
+    assert_eq!(
+        fs::metadata(copy.path().join(&file)).unwrap().len(),
+        end,
+        "open cut the unused extension off"
+    );
+    let more = workload_batch(1000, 40);
+    store.apply_batch(&more).expect("apply after reopen");
+    let expected = snap(&store);
+    drop(store);
+    assert_eq!(snap(&open(copy.path(), &options)), expected);
+}
+
+#[test]
+fn sealed_and_closed_segments_end_at_their_last_record() {
+    let options = Options::default().segment_bytes_max(4096);
+    let Built { dir, store, .. } = build(options.clone(), 30, 200);
+    let file_len = |name: &str| fs::metadata(dir.path().join(name)).unwrap().len();
+    let open_segments = segments(dir.path());
+    assert!(open_segments.len() > 2, "{open_segments:?}");
+    let (newest, sealed) = open_segments.split_last().unwrap();
+    for (name, end) in sealed {
+        assert_eq!(file_len(name), *end, "sealed segment {name}");
+    }
+    assert!(
+        file_len(&newest.0) > newest.1,
+        "the newest segment is extended"
+    );
+    store.close().expect("close");
+    for (name, end) in segments(dir.path()) {
+        assert_eq!(file_len(&name), end, "segment {name} after close");
+    }
+}
+
+#[test]
+fn zeros_after_the_records_of_a_sealed_segment_are_corruption() {
+    let options = buffered(Options::default().segment_bytes_max(4096));
+    let Built { dir, store, .. } = build(options.clone(), 30, 40);
+    drop(store);
+    let _ = fs::remove_file(dir.path().join("SNAPSHOT"));
+    let (sealed, end) = segments(dir.path()).remove(0);
+    truncate(&dir.path().join(&sealed), end + 100);
+    match Store::open(dir.path(), options) {
+        Err(Error::Corruption {
+            file,
+            offset,
+            reason,
+            ..
+        }) => {
+            assert!(file.ends_with(&sealed), "{file}");
+            assert_eq!(
+                (offset, reason.as_str()),
+                (end, "zeros to the end of the file")
+            );
+        }
+        other => panic!("zeros after the records of sealed {sealed}: {other:?}"),
+    }
+}
+
+#[test]
 fn torn_segment_creation_is_discarded() {
     // Apply batches until one starts a new segment, then cut that segment
     // anywhere: whether the new segment holds the batch's record or only its
@@ -641,12 +729,16 @@ fn torn_segment_creation_is_discarded() {
         .iter()
         .any(|(name, len)| *name == old_newest.0 && *len > old_newest.1);
     let committed = if record_in_old { last + 1 } else { last };
-    for offset in 0..new_len {
+    // With zeros after the cut: the segment's preallocated length reached
+    // the disk and some of what was written into it did not.
+    for (offset, zeros) in (0..new_len).flat_map(|o| [(o, 0), (o, 4096 - o)]) {
         let context = format!(
-            "new segment {new_file} cut at {offset} of {new_len} (record in the old segment: {record_in_old})"
+            "new segment {new_file} cut at {offset} of {new_len}, {zeros} zeros after (record in the old segment: {record_in_old})"
         );
         let copy = copy_dir(built.dir.path());
-        truncate(&copy.path().join(&new_file), offset);
+        let path = copy.path().join(&new_file);
+        truncate(&path, offset);
+        truncate(&path, offset + zeros);
         let store = Store::open(copy.path(), options.clone())
             .unwrap_or_else(|e| panic!("{context}: open: {e}"));
         assert_eq!(snap(&store), built.points[committed].1, "{context}");

@@ -4,6 +4,7 @@
 //! | case at offset `o`                                  | outcome                 |
 //! |-----------------------------------------------------|-------------------------|
 //! | `o` is the end of the file                          | clean end               |
+//! | only zeros from `o` to the end of the file          | zeroed (torn if seen)   |
 //! | fewer than a frame header's bytes remain            | torn                    |
 //! | valid header, body runs past the end of the file    | torn                    |
 //! | bad header or body, a later frame says it was synced| corruption              |
@@ -16,6 +17,11 @@
 //! crash cut short or the disk wrote back out of order, and nothing after it
 //! was ever acknowledged. "Torn" is only acceptable in the newest segment;
 //! the caller turns it into corruption anywhere else.
+//!
+//! Zeros to the end of the file are the unused part of the newest segment's
+//! preallocated extension: the caller takes them for the segment's end, and
+//! for corruption in any other segment (sealing cuts the extension off). A
+//! zeroed tail is also torn, for a caller that does not tell them apart.
 
 use crate::format::record::KIND_BATCH;
 use crate::format::segment::{FRAME_HEADER_LEN, Frame, SEGMENT_HEADER_LEN, decode_frame};
@@ -39,6 +45,24 @@ pub(crate) struct BadRecord {
     pub reason: &'static str,
     /// No valid record follows: this may be a write cut short by a crash.
     pub is_tail: bool,
+    /// Only zeros follow, to the end of the file: where an extended segment's
+    /// records end.
+    pub is_zeroed: bool,
+}
+
+/// Offset just past the last byte of `map` at or after `from` that is not
+/// zero (`from` if there is none).
+pub(crate) fn data_end(map: &[u8], from: usize) -> usize {
+    let tail = map.get(from..).unwrap_or_default();
+    let mut end = from + tail.len();
+    // Whole chunks first: this runs over megabytes of zeros.
+    for chunk in tail.rchunks(64) {
+        if let Some(last) = chunk.iter().rposition(|&b| b != 0) {
+            return end - chunk.len() + last + 1;
+        }
+        end -= chunk.len();
+    }
+    from
 }
 
 /// Iterates the records after the segment header.
@@ -77,21 +101,32 @@ impl<'a> SegmentReader<'a> {
         decode_frame(self.map.get(at..)?, self.segment_id, offset)
     }
 
-    /// Whether a valid frame after `at` says the segment was synced past `at`.
-    fn is_synced_past(&self, at: usize) -> bool {
+    /// Whether a valid frame after `at` says the segment was synced past
+    /// `at`. A frame holds bytes other than zero, so none starts at or
+    /// after `data_end`.
+    fn is_synced_past(&self, at: usize, data_end: usize) -> bool {
         let last = self.map.len().saturating_sub(FRAME_HEADER_LEN);
-        (at + 1..=last)
+        (at + 1..=last.min(data_end))
             .filter_map(|p| self.frame_at(p))
             .any(|f| f.synced_to as usize > at)
     }
 
     fn bad(&mut self, reason: &'static str, may_be_tail: bool) -> BadRecord {
         self.done = true;
-        let is_tail = may_be_tail && !self.is_synced_past(self.pos);
+        let data_end = data_end(self.map, self.pos);
+        if may_be_tail && data_end == self.pos {
+            return BadRecord {
+                offset: self.pos as u64,
+                reason: "zeros to the end of the file",
+                is_tail: true,
+                is_zeroed: true,
+            };
+        }
         BadRecord {
             offset: self.pos as u64,
             reason,
-            is_tail,
+            is_tail: may_be_tail && !self.is_synced_past(self.pos, data_end),
+            is_zeroed: false,
         }
     }
 }
@@ -118,6 +153,7 @@ impl<'a> Iterator for SegmentReader<'a> {
                 offset: self.pos as u64,
                 reason: "incomplete record body",
                 is_tail: true,
+                is_zeroed: false,
             }));
         };
         if crc32fast::hash(body) != frame.body_crc {
@@ -210,6 +246,74 @@ mod tests {
             assert_eq!(good, 2, "cut at {cut}");
             assert!(bad.is_some_and(|b| b.is_tail), "cut at {cut}");
         }
+    }
+
+    #[test]
+    fn zeros_after_the_last_record_are_a_zeroed_tail() {
+        let (mut map, _) = segment([32, 32, 32]);
+        let end = map.len();
+        for zeros in [1, FRAME_HEADER_LEN - 1, FRAME_HEADER_LEN, 4096 + 3] {
+            map.resize(end + zeros, 0);
+            let (good, bad) = outcome(&map);
+            assert_eq!(good, 3, "{zeros} zeros");
+            let bad = bad.expect("the zeros are reported");
+            assert!(bad.is_zeroed && bad.is_tail, "{zeros} zeros: {bad:?}");
+            assert_eq!(bad.offset, end as u64, "{zeros} zeros");
+        }
+    }
+
+    #[test]
+    fn a_record_cut_short_before_zeros_is_torn_not_zeroed() {
+        let (map, starts) = segment([u32::MAX; 3]);
+        for cut in [
+            starts[2] + 1,
+            starts[2] + FRAME_HEADER_LEN + 3,
+            map.len() - 1,
+        ] {
+            let mut cut_map = map[..cut].to_vec();
+            cut_map.resize(cut + 4096, 0);
+            let (good, bad) = outcome(&cut_map);
+            assert_eq!(good, 2, "cut at {cut}");
+            assert!(
+                bad.is_some_and(|b| b.is_tail && !b.is_zeroed && b.offset == starts[2] as u64),
+                "cut at {cut}"
+            );
+        }
+    }
+
+    #[test]
+    fn zeros_with_a_record_after_them_are_not_a_zeroed_tail() {
+        // A lost write-back in the middle: the record after the hole decides.
+        for (synced, is_tail) in [([32, 32, 32], true), ([32, u32::MAX, u32::MAX], false)] {
+            let (mut map, starts) = segment(synced);
+            map[starts[1]..starts[2]].fill(0);
+            map.resize(map.len() + 100, 0);
+            let (good, bad) = outcome(&map);
+            assert_eq!(good, 1);
+            assert!(
+                bad.is_some_and(|b| !b.is_zeroed && b.is_tail == is_tail),
+                "synced_to {synced:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn data_end_finds_the_last_byte_that_is_not_zero() {
+        let mut map = vec![0u8; 300];
+        assert_eq!(data_end(&map, 0), 0);
+        assert_eq!(data_end(&map, 120), 120);
+        for at in [0, 63, 64, 65, 130, 299] {
+            map.fill(0);
+            map[at] = 1;
+            assert_eq!(data_end(&map, 0), at + 1, "nonzero at {at}");
+            assert_eq!(data_end(&map, at), at + 1, "nonzero at {at}, from it");
+            assert_eq!(
+                data_end(&map, at + 1),
+                at + 1,
+                "nonzero at {at}, from after it"
+            );
+        }
+        assert_eq!(data_end(&map, 400), 400, "from past the end");
     }
 
     #[test]

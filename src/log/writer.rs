@@ -3,12 +3,19 @@
 //!
 //! The writer owns one reusable buffer: a record is encoded straight into it
 //! behind room for its frame header, placed (framed, rotating first if need
-//! be), checked by the caller, then written with one `append`. The caller
+//! be), checked by the caller, then written with one `write_at`. The caller
 //! serialises access (the store's writer lock).
 //!
-//! Rotation, in order: sync the full segment (it is now sealed and never
-//! written again), create the next segment with its header, sync it, sync the
-//! directory. Every segment but the newest is therefore whole on disk.
+//! The active segment is extended ahead of its records, a quarter of the
+//! segment size (at most 4 MiB) at a time, so that most commit syncs find the file's size unchanged and
+//! write data only (an fdatasync after an append must also write the new
+//! size). The unused part reads as zeros, which the reader takes for the
+//! end of the newest segment (DESIGN.md, "Preallocated segments").
+//!
+//! Rotation, in order: cut the full segment to the end of its last record
+//! and sync it (it is now sealed and never written again), create the next
+//! segment with its header, extended, sync it, sync the directory. Every
+//! segment but the newest is therefore whole on disk and ends at a record.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -20,11 +27,28 @@ use crate::format::segment::{
 };
 use crate::storage::{OpenMode, Storage, StorageFile};
 
-/// Creates segment `id` with its header, durably (file and directory synced).
+/// The most the active segment is extended by at a time.
+const PREALLOCATE_BYTES_MAX: u64 = 4 << 20;
+
+/// The length to extend a segment to so that a record ending at `end` fits:
+/// the next multiple of a quarter of the segment size (at most
+/// `PREALLOCATE_BYTES_MAX`), short of the size limit, where a record that
+/// does not fit rotates to a new segment anyway unless it is alone in its
+/// segment.
+fn extent_for(end: u64, allocated: u64, segment_bytes_max: u64) -> u64 {
+    let step = (segment_bytes_max / 4).clamp(1, PREALLOCATE_BYTES_MAX);
+    ((allocated / step + 1) * step)
+        .min(segment_bytes_max)
+        .max(end)
+}
+
+/// Creates segment `id` with its header, extended to `len` bytes, durably
+/// (file and directory synced).
 pub(crate) fn create_segment(
     storage: &dyn Storage,
     dir: &Path,
     id: u32,
+    len: u64,
 ) -> Result<Arc<dyn StorageFile>> {
     let path = dir.join(segment_file_name(id));
     let file = storage
@@ -32,11 +56,24 @@ pub(crate) fn create_segment(
         .map_err(|e| Error::io("create", &path, e))?;
     file.append(&encode_segment_header(id, FileKind::Log))
         .map_err(|e| Error::io("write", &path, e))?;
+    if len > SEGMENT_HEADER_LEN as u64 {
+        file.set_len(len)
+            .map_err(|e| Error::io("extend", &path, e))?;
+    }
     file.sync_data().map_err(|e| Error::io("sync", &path, e))?;
     storage
         .sync_dir(dir)
         .map_err(|e| Error::io("sync directory", dir, e))?;
     Ok(file)
+}
+
+/// The length a new segment is created with.
+pub(crate) fn new_segment_len(segment_bytes_max: u64) -> u64 {
+    extent_for(
+        SEGMENT_HEADER_LEN as u64,
+        SEGMENT_HEADER_LEN as u64,
+        segment_bytes_max,
+    )
 }
 
 /// Where a record goes.
@@ -63,7 +100,10 @@ pub(crate) struct LogWriter {
     segment_bytes_max: u64,
     active: Arc<dyn StorageFile>,
     active_id: u32,
+    /// Where the active segment's records end.
     active_len: u64,
+    /// The active segment's file length: zeros from `active_len` on.
+    allocated: u64,
     /// A position known in both coordinates: log sequence number `.0` is
     /// offset `.1` of the active segment. Turns a durable lsn into the
     /// `synced_to` offset that frames carry.
@@ -80,6 +120,7 @@ impl LogWriter {
         active: Arc<dyn StorageFile>,
         active_id: u32,
         active_len: u64,
+        allocated: u64,
     ) -> Self {
         assert!(
             active_len >= SEGMENT_HEADER_LEN as u64,
@@ -92,6 +133,7 @@ impl LogWriter {
             active,
             active_id,
             active_len,
+            allocated: allocated.max(active_len),
             active_anchor: (0, active_len),
             lsn: 0,
             buf: Vec::new(),
@@ -159,10 +201,12 @@ impl LogWriter {
         })
     }
 
-    /// Appends a record framed by `place`; returns the position after it.
+    /// Writes a record framed by `place` after the last one, extending the
+    /// segment first if it ends before the record would; returns the
+    /// position after it.
     ///
     /// On error the record may be partly written; the caller must refuse
-    /// further appends (a later record after a partial one would turn a torn
+    /// further writes (a later record after a partial one would turn a torn
     /// tail into corruption).
     pub(crate) fn write(&mut self, buf: &[u8], placed: &Placed) -> Result<u64> {
         assert_eq!(
@@ -171,8 +215,16 @@ impl LogWriter {
             "a record is written where it was placed"
         );
         let path = || self.dir.join(segment_file_name(self.active_id));
+        let end = self.active_len + placed.record_len;
+        if end > self.allocated {
+            let len = extent_for(end, self.allocated, self.segment_bytes_max);
+            self.active
+                .set_len(len)
+                .map_err(|e| Error::io("extend", path(), e))?;
+            self.allocated = len;
+        }
         self.active
-            .append(buf)
+            .write_at(self.active_len, buf)
             .map_err(|e| Error::io("append", path(), e))?;
         self.active_len += placed.record_len;
         self.lsn += placed.record_len;
@@ -186,9 +238,23 @@ impl LogWriter {
         (self.active_id, self.active_len, self.lsn)
     }
 
+    /// Cuts the active segment's unused extension off (left unsynced: a
+    /// power loss that brings it back leaves zeros, which read as the end).
+    pub(crate) fn trim(&mut self) -> Result<()> {
+        if self.allocated > self.active_len {
+            let path = self.dir.join(segment_file_name(self.active_id));
+            self.active
+                .set_len(self.active_len)
+                .map_err(|e| Error::io("truncate", &path, e))?;
+            self.allocated = self.active_len;
+        }
+        Ok(())
+    }
+
     /// Seals the active segment and starts the next one.
     pub(crate) fn rotate(&mut self) -> Result<Arc<dyn StorageFile>> {
         let path = self.dir.join(segment_file_name(self.active_id));
+        self.trim()?;
         self.active
             .sync_data()
             .map_err(|e| Error::io("sync", &path, e))?;
@@ -199,10 +265,12 @@ impl LogWriter {
                 std::io::Error::other("segment ids exhausted"),
             )
         })?;
-        let file = create_segment(self.storage.as_ref(), &self.dir, next_id)?;
+        let len = new_segment_len(self.segment_bytes_max);
+        let file = create_segment(self.storage.as_ref(), &self.dir, next_id, len)?;
         self.active = Arc::clone(&file);
         self.active_id = next_id;
         self.active_len = SEGMENT_HEADER_LEN as u64;
+        self.allocated = len;
         self.active_anchor = (self.lsn, self.active_len);
         Ok(file)
     }

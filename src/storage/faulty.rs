@@ -13,9 +13,9 @@
 //!   writes: they stay readable but never become durable, as Linux does after
 //!   an fsync error. Nothing is retried for the caller.
 //! - Faults: fail the n-th operation of a kind with EIO or ENOSPC, once or
-//!   from then on; an append may first write a prefix of its buffer.
+//!   from then on; a write may first write a prefix of its buffer.
 //! - A crash at global operation n: that operation and every later one fail
-//!   with EIO (the process died there); an append at n may first write a
+//!   with EIO (the process died there); a write at n may first write a
 //!   prefix of its buffer. [`FaultyStorage::crash_image`] then gives the disk
 //!   as a power loss or a process crash leaves it ([`CrashPolicy`]).
 //! - Bit rot: [`FaultyStorage::corrupt`] flips bits of durable bytes.
@@ -30,7 +30,9 @@
 //! immediate and durable, and directories cannot be removed), torn directory
 //! updates, and the liveness of memory maps: `map` returns a copy of the
 //! current bytes, so later writes (and `corrupt`) are not seen through an
-//! earlier map, unlike `mmap`. Locks are per `FaultyStorage`, not per process.
+//! earlier map, unlike `mmap`. The copy ends at the furthest write, leaving
+//! out space that only `set_len` added, so that no map holds zeros that a
+//! later write replaces. Locks are per `FaultyStorage`, not per process.
 
 use std::any::Any;
 use std::collections::{BTreeMap, BTreeSet};
@@ -53,8 +55,8 @@ pub enum OpKind {
     List,
     /// `Storage::open`, any mode.
     Open,
-    /// `StorageFile::append`.
-    Append,
+    /// `StorageFile::append` or `StorageFile::write_at`.
+    Write,
     /// `StorageFile::sync_data`.
     SyncData,
     /// `StorageFile::set_len`.
@@ -115,7 +117,7 @@ pub struct Fault {
     pub error: FaultError,
     /// Once, or from then on.
     pub repeat: Repeat,
-    /// For `Append`: bytes of the buffer written before the error.
+    /// For `Write`: bytes of the buffer written before the error.
     pub written_bytes: usize,
 }
 
@@ -145,7 +147,7 @@ impl Fault {
         self
     }
 
-    /// A failing append first writes `bytes` bytes of its buffer.
+    /// A failing write first writes `bytes` bytes of its buffer.
     #[must_use]
     pub fn written_bytes(mut self, bytes: usize) -> Self {
         self.written_bytes = bytes;
@@ -191,9 +193,9 @@ pub struct OpRecord {
     pub kind: OpKind,
     /// The path it was about (for `rename`, the source).
     pub path: PathBuf,
-    /// For `Append`: the file's length before it (where the bytes went).
+    /// For `Write`: where the bytes went.
     pub offset: u64,
-    /// For `Append`: the buffer's length; for `SetLen`: the new length.
+    /// For `Write`: the buffer's length; for `SetLen`: the new length.
     pub bytes: u64,
     /// For `Open`: the mode.
     pub mode: Option<OpenMode>,
@@ -230,6 +232,10 @@ enum Unsynced {
 struct Inode {
     durable: Vec<u8>,
     current: Vec<u8>,
+    /// How far `map` shows the file: to the end of the furthest write.
+    /// Space that only `set_len` added is left out, because a real map
+    /// shows what is written there later and a copy made now would not.
+    mapped: usize,
     /// Writes and truncations since the last `sync_data`, oldest first.
     unsynced: Vec<Unsynced>,
 }
@@ -510,7 +516,7 @@ impl FaultyStorage {
     }
 
     /// Like [`crash_at`](Self::crash_at), but if operation `index` is an
-    /// append, its first `torn_bytes` bytes are written before it fails.
+    /// write, its first `torn_bytes` bytes are written before it fails.
     pub fn crash_at_torn(&self, index: u64, torn_bytes: usize) {
         self.shared.disk.lock().crash = Some(Crash {
             at: index,
@@ -588,6 +594,7 @@ impl FaultyStorage {
                     let n = image.new_inode();
                     let inode = image.inode_mut(n);
                     inode.durable.clone_from(&bytes);
+                    inode.mapped = bytes.len();
                     inode.current = bytes;
                     renumbered.insert(ino, n);
                     n
@@ -812,6 +819,43 @@ impl fmt::Debug for FaultyFile {
 }
 
 impl FaultyFile {
+    /// Writes `buf` at `at` (the end of the file if `None`), through the gate.
+    fn write(&self, at: Option<u64>, buf: &[u8]) -> io::Result<()> {
+        let mut disk = self.shared.disk.lock();
+        let at = at.unwrap_or(disk.inode(self.ino).current.len() as u64);
+        let gate = gate(
+            &self.shared,
+            &mut disk,
+            OpKind::Write,
+            &self.path,
+            at,
+            buf.len() as u64,
+            None,
+        );
+        let (written, result) = match gate {
+            Gate::Go => (buf, Ok(())),
+            Gate::Fail {
+                error,
+                written_bytes,
+                ..
+            } => {
+                let n = written_bytes.unwrap_or(0).min(buf.len());
+                (buf.get(..n).expect("n is at most the length"), Err(error))
+            }
+        };
+        self.check_writable()?;
+        if !written.is_empty() {
+            let inode = disk.inode_mut(self.ino);
+            write_at(&mut inode.current, at, written);
+            inode.mapped = inode.mapped.max(to_usize(at) + written.len());
+            inode.unsynced.push(Unsynced::Write {
+                at,
+                bytes: written.to_vec(),
+            });
+        }
+        result
+    }
+
     fn check_writable(&self) -> io::Result<()> {
         if self.is_writable {
             Ok(())
@@ -832,38 +876,11 @@ impl StorageFile for FaultyFile {
     }
 
     fn append(&self, buf: &[u8]) -> io::Result<()> {
-        let mut disk = self.shared.disk.lock();
-        let at = disk.inode(self.ino).current.len() as u64;
-        let gate = gate(
-            &self.shared,
-            &mut disk,
-            OpKind::Append,
-            &self.path,
-            at,
-            buf.len() as u64,
-            None,
-        );
-        let (written, result) = match gate {
-            Gate::Go => (buf, Ok(())),
-            Gate::Fail {
-                error,
-                written_bytes,
-                ..
-            } => {
-                let n = written_bytes.unwrap_or(0).min(buf.len());
-                (buf.get(..n).expect("n is at most the length"), Err(error))
-            }
-        };
-        self.check_writable()?;
-        if !written.is_empty() {
-            let inode = disk.inode_mut(self.ino);
-            inode.current.extend_from_slice(written);
-            inode.unsynced.push(Unsynced::Write {
-                at,
-                bytes: written.to_vec(),
-            });
-        }
-        result
+        self.write(None, buf)
+    }
+
+    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.write(Some(offset), buf)
     }
 
     fn sync_data(&self) -> io::Result<()> {
@@ -914,6 +931,7 @@ impl StorageFile for FaultyFile {
         self.check_writable()?;
         let inode = disk.inode_mut(self.ino);
         inode.current.resize(to_usize(len), 0);
+        inode.mapped = inode.mapped.min(to_usize(len));
         inode.unsynced.push(Unsynced::SetLen(len));
         Ok(())
     }
@@ -921,7 +939,10 @@ impl StorageFile for FaultyFile {
     fn map(&self, _reserve: u64) -> io::Result<Bytes> {
         let mut disk = self.shared.disk.lock();
         check(&self.shared, &mut disk, OpKind::Map, &self.path)?;
-        Ok(Bytes::from(disk.inode(self.ino).current.clone()))
+        let inode = disk.inode(self.ino);
+        Ok(Bytes::copy_from_slice(
+            inode.current.get(..inode.mapped).unwrap_or(&inode.current),
+        ))
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
@@ -987,7 +1008,7 @@ mod tests {
     fn faults_fire_on_the_nth_operation_of_their_kind() {
         let (s, f) = setup();
         s.inject(
-            Fault::new(OpKind::Append, FaultError::NoSpace)
+            Fault::new(OpKind::Write, FaultError::NoSpace)
                 .skip(1)
                 .written_bytes(2),
         );
@@ -1069,7 +1090,7 @@ mod tests {
         let ops = s.ops();
         assert_eq!(ops[held as usize].kind, OpKind::SyncData);
         assert!(ops[held as usize].failed);
-        assert_eq!(ops[held as usize + 1].kind, OpKind::Append);
+        assert_eq!(ops[held as usize + 1].kind, OpKind::Write);
         assert!(!ops[held as usize + 1].failed);
     }
 

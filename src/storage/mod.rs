@@ -1,6 +1,6 @@
 //! The only code that calls the operating system for files.
 //!
-//! Everything the engine does to disk (create, append, sync, truncate, rename,
+//! Everything the engine does to disk (create, write, sync, truncate, rename,
 //! remove, directory sync, lock, map) goes through [`Storage`] and
 //! [`StorageFile`], so that tests can substitute an implementation that injects
 //! faults or simulates power loss. This module knows nothing of formats.
@@ -62,6 +62,11 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
     fn len(&self) -> io::Result<u64>;
     /// Appends all of `buf` at the end of the file.
     fn append(&self, buf: &[u8]) -> io::Result<()>;
+    /// Writes all of `buf` at `offset`, extending the file if it ends
+    /// before `offset + buf.len()` (a gap reads as zeros). The log writes
+    /// its records this way into a segment extended ahead of them
+    /// (DESIGN.md, "Preallocated segments").
+    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()>;
     /// Makes the file's data durable.
     fn sync_data(&self) -> io::Result<()>;
     /// Truncates or extends the file to `len` bytes.

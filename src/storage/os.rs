@@ -2,7 +2,7 @@
 
 use std::any::Any;
 use std::fs::{self, File, OpenOptions, TryLockError};
-use std::io::{self, Write};
+use std::io::{self, Seek, SeekFrom, Write};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -32,12 +32,14 @@ impl Storage for OsStorage {
 
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn StorageFile>> {
         let file = match mode {
+            // Not O_APPEND: on Linux, `pwrite` to such a file ignores its
+            // offset and appends, and the log writes at offsets.
             OpenMode::CreateNew => OpenOptions::new()
                 .read(true)
-                .append(true)
+                .write(true)
                 .create_new(true)
                 .open(path)?,
-            OpenMode::Append => OpenOptions::new().read(true).append(true).open(path)?,
+            OpenMode::Append => OpenOptions::new().read(true).write(true).open(path)?,
             OpenMode::Read => OpenOptions::new().read(true).open(path)?,
         };
         Ok(Arc::new(OsFile { file }))
@@ -83,7 +85,23 @@ impl StorageFile for OsFile {
     }
 
     fn append(&self, buf: &[u8]) -> io::Result<()> {
-        (&self.file).write_all(buf)
+        // One writer per file (the store's locks), so nothing moves the end
+        // between the seek and the write.
+        let mut file = &self.file;
+        file.seek(SeekFrom::End(0))?;
+        file.write_all(buf)
+    }
+
+    #[cfg(unix)]
+    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        std::os::unix::fs::FileExt::write_all_at(&self.file, buf, offset)
+    }
+
+    #[cfg(not(unix))]
+    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        let mut file = &self.file;
+        file.seek(SeekFrom::Start(offset))?;
+        file.write_all(buf)
     }
 
     fn sync_data(&self) -> io::Result<()> {
@@ -102,10 +120,12 @@ impl StorageFile for OsFile {
         let len = usize::try_from(len).map_err(|_| io::Error::other("file too large to map"))?;
         // SAFETY: the map may extend past the end of the file (`reserve`);
         // pages past the end are never touched, because callers only read
-        // ranges they wrote and the file is only ever appended to while
-        // mapped (truncation happens during recovery, before any map of the
-        // truncated region is handed out). The file is private to the store,
-        // which holds the directory lock, so no other process shrinks it.
+        // ranges they wrote, and a mapped file is only ever truncated past
+        // what was written to it (a segment's unused preallocated tail;
+        // recovery's truncation of a torn tail happens before any map of
+        // the truncated region is handed out). The file is private to the
+        // store, which holds the directory lock, so no other process
+        // shrinks it.
         #[expect(unsafe_code, reason = "memory-mapping is the one unsafe operation")]
         let map = unsafe { memmap2::MmapOptions::new().len(len).map(&self.file)? };
         Ok(Bytes::from_owner(map))

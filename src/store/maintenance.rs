@@ -230,18 +230,31 @@ impl Store {
     }
 
     /// Closes the store, writing a snapshot first if it would spare the next
-    /// open at least 64 KiB of log replay.
+    /// open at least 64 KiB of log replay, and cutting the newest segment's
+    /// unused preallocated space off.
     ///
     /// # Errors
-    /// As [`Store::snapshot`]; the store is closed either way.
+    /// As [`Store::snapshot`], or `Io` if the cut fails; the store is closed
+    /// either way.
     pub fn close(self) -> Result<()> {
-        let result = if self.is_snapshot_worth_writing() {
+        let snapshot = if self.is_snapshot_worth_writing() {
             self.snapshot()
         } else {
             Ok(())
         };
+        let trimmed = self.trim_log();
         self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
-        result
+        snapshot.and(trimmed)
+    }
+
+    /// Cuts the newest segment's unused preallocated space off, so that a
+    /// closed store's files end at their last record. A poisoned store's
+    /// files are left as they are.
+    fn trim_log(&self) -> Result<()> {
+        if self.commit.check().is_err() {
+            return Ok(());
+        }
+        self.writer.lock().log.trim()
     }
 
     /// Whether enough log would be replayed at the next open to pay for a
@@ -323,13 +336,15 @@ impl Store {
 }
 
 impl Drop for Store {
-    /// A clean close writes a snapshot (see [`Store::close`]); errors are
-    /// ignored here, because the snapshot only saves time at the next open.
+    /// Does what [`Store::close`] does; errors are ignored here, because
+    /// the snapshot only saves time at the next open, and the next open
+    /// takes a segment's unused preallocated space for its end.
     fn drop(&mut self) {
-        if !self.closed.load(std::sync::atomic::Ordering::SeqCst)
-            && self.is_snapshot_worth_writing()
-        {
-            let _ = self.snapshot();
+        if !self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            if self.is_snapshot_worth_writing() {
+                let _ = self.snapshot();
+            }
+            let _ = self.trim_log();
         }
     }
 }

@@ -41,7 +41,7 @@ use crate::index::expiry::Ttls;
 use crate::index::keys::KeyEntry;
 use crate::log::names::{LOCK_FILE, segment_file_name};
 use crate::log::segments::{SegmentMaps, ValueRef};
-use crate::log::writer::{LogWriter, create_segment};
+use crate::log::writer::{LogWriter, create_segment, new_segment_len};
 use crate::options::Options;
 use crate::recovery;
 use crate::storage::Storage;
@@ -179,7 +179,8 @@ impl Store {
                         std::io::Error::other("segment ids exhausted"),
                     )
                 })?;
-            let file = create_segment(storage.as_ref(), &dir, id)?;
+            let len = new_segment_len(options.segment_bytes_max);
+            let file = create_segment(storage.as_ref(), &dir, id, len)?;
             walk.segments.push(recovery::WalkedSegment {
                 id,
                 kind: Some(FileKind::Log),
@@ -202,8 +203,14 @@ impl Store {
         let active_path = dir.join(segment_file_name(active.id));
         active.file.sync_data().map_err(|e| {
             recovery::note_sync_failure(storage.as_ref(), &dir);
-            Error::io("sync", active_path, e)
+            Error::io("sync", &active_path, e)
         })?;
+        // Past its last record, the segment holds zeros to its end (its
+        // preallocated extension, which recovery checked).
+        let allocated = active
+            .file
+            .len()
+            .map_err(|e| Error::io("stat", &active_path, e))?;
         let log = LogWriter::new(
             dir.clone(),
             Arc::clone(&storage),
@@ -211,6 +218,7 @@ impl Store {
             active.file,
             active.id,
             active.valid_len,
+            allocated,
         );
         let last_snapshot_bytes = match recovered.snapshot {
             Some(Ok(bytes)) => bytes,

@@ -45,7 +45,9 @@ pub struct Stats {
     pub checkpoints: u64,
     pub quarantined: u64,
     pub segments: u64,
-    /// Bytes of all segment files and the snapshot.
+    /// Bytes of all segment files and the snapshot: their lengths, so the
+    /// newest segment counts the space it is extended by ahead of its records
+    /// (up to 4 MiB, a hole on file systems that have them; cut at close).
     pub disk_bytes: u64,
     /// Commit syncs since open; concurrent callers share them (group commit).
     pub syncs: u64,
