@@ -61,9 +61,13 @@ pub fn store_files(storage: &FaultyStorage) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
-/// Options for a store on `storage` with a manual clock.
+/// Options for a store on `storage` with a manual clock, and segments of
+/// 64 KiB: the in-memory disk holds the space a segment is extended by
+/// ahead of its records (a quarter of the segment size), so 64 MiB segments
+/// would cost every run a 4 MiB buffer.
 pub fn options(storage: &FaultyStorage, clock: &ManualClock) -> Options {
     Options::default()
+        .segment_bytes_max(64 << 10)
         .storage(Arc::new(storage.clone()))
         .clock(Arc::new(clock.clone()))
         .durability(Durability::Sync)
