@@ -26,7 +26,8 @@ use bytes::Bytes;
 pub enum OpenMode {
     /// Create a new file; fail if it exists.
     CreateNew,
-    /// Open an existing file for reading and appending.
+    /// Open an existing file for reading and writing (`append` writes at
+    /// its end, `write_at` anywhere).
     Append,
     /// Open an existing file for reading only.
     Read,
