@@ -88,8 +88,33 @@ fn workload() -> Vec<Batch> {
             let again = batches.get(3).expect("batch 3 exists").clone();
             batches.push(again);
         }
+        if i == 8 {
+            batches.push(large_batch(seq));
+            // Two of its events again: duplicates, found through the seen
+            // ids the writer applied before the large record's sync.
+            let again = Batch::new("LARGE-AGAIN")
+                .put("l0", "large0", seq, value(99, 0))
+                .put("l319", "large319", seq + 319, value(99, 319));
+            batches.push(again);
+        }
     }
     batches
+}
+
+/// A batch whose record is over 32 KiB: the writer applies its seen ids
+/// while the disk writes it back, before the sync (`apply_batch`'s path
+/// for large records). Alone in a segment, since segments are smaller.
+fn large_batch(seq: u64) -> Batch {
+    let mut b = Batch::new("LARGE");
+    for j in 0..320usize {
+        b = b.put(
+            format!("l{j}"),
+            format!("large{j}"),
+            seq + j as u64,
+            value(99, j),
+        );
+    }
+    b
 }
 
 /// The observable state.
@@ -336,6 +361,24 @@ fn power_loss_at_every_operation_recovers_a_committed_prefix() {
     assert!(
         snapshots >= 4,
         "the workload writes automatic snapshots besides its two explicit ones ({snapshots} in all)"
+    );
+
+    assert!(
+        clean
+            .ops
+            .iter()
+            .any(|o| o.kind == OpKind::Write && is_segment(&o.path) && o.bytes >= 32 << 10),
+        "the workload writes a record large enough to have its seen ids applied before its sync"
+    );
+
+    let again = batches
+        .iter()
+        .position(|b| b.id() == b"LARGE-AGAIN")
+        .expect("the redelivery batch");
+    assert_eq!(
+        clean.reports[again].duplicates, 2,
+        "{:?}",
+        clean.reports[again]
     );
 
     let mut prefixes_seen = vec![0usize; batches.len() + 1];

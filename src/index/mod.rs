@@ -96,6 +96,33 @@ impl Index {
         body_at: u32,
         under: Option<&Index>,
     ) -> Result<(), &'static str> {
+        self.apply_visible(record, segment, body_at, under)?;
+        self.apply_seen(record);
+        Ok(())
+    }
+
+    /// Records a batch record's seen ids: the part of `apply_record` that no
+    /// reader sees, which a writer applies while the disk syncs the record
+    /// (`apply_visible` publishes the rest once it is durable). Records must
+    /// come in log order here too: a later record may record an id again.
+    pub(crate) fn apply_seen(&mut self, record: &BatchRecord<'_>) {
+        let at_secs = to_secs_ceil(record.committed_ms);
+        for (i, &(id, payload)) in record.seen.iter().enumerate() {
+            if let Some(&(ahead, _)) = record.seen.get(i + PREFETCH_AHEAD) {
+                self.seen.prefetch(ahead);
+            }
+            self.seen.insert(id, Seen { payload, at_secs });
+        }
+    }
+
+    /// Everything of `apply_record` but the seen ids.
+    pub(crate) fn apply_visible(
+        &mut self,
+        record: &BatchRecord<'_>,
+        segment: u32,
+        body_at: u32,
+        under: Option<&Index>,
+    ) -> Result<(), &'static str> {
         let now_ms = record.committed_ms;
         if now_ms < self.log_time_ms {
             return Err("commit time earlier than the previous record's");
@@ -137,12 +164,6 @@ impl Index {
                     .ok_or("version bump of a key with no live row")?,
             };
             self.keys.set(w.key, KeyEntry { seq: w.seq, state });
-        }
-        for (i, &(id, payload)) in record.seen.iter().enumerate() {
-            if let Some(&(ahead, _)) = record.seen.get(i + PREFETCH_AHEAD) {
-                self.seen.prefetch(ahead);
-            }
-            self.seen.insert(id, Seen { payload, at_secs });
         }
         for &(key, seq) in &record.adds {
             self.add_marks.record(key, seq, now_ms);

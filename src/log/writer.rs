@@ -27,6 +27,11 @@ use crate::format::segment::{
 };
 use crate::storage::{OpenMode, Storage, StorageFile};
 
+/// The page size that write-back works in (4 KiB on the platforms that
+/// have one to start; a larger page only makes the range a hint covers
+/// reach into the next record's page).
+const WRITE_BACK_PAGE: u64 = 4096;
+
 /// The most the active segment is extended by at a time.
 const PREALLOCATE_BYTES_MAX: u64 = 4 << 20;
 
@@ -229,6 +234,20 @@ impl LogWriter {
         self.active_len += placed.record_len;
         self.lsn += placed.record_len;
         Ok(self.lsn)
+    }
+
+    /// Starts writing the whole pages of the record `place`d at `placed` back
+    /// to the disk (see `StorageFile::start_write_back`), ahead of the sync
+    /// that makes it durable. Not its last, partial page: the next record
+    /// writes into that one, and a write to a page under write-back may
+    /// have to wait for it.
+    pub(crate) fn start_write_back(&self, placed: &Placed) {
+        let start = u64::from(placed.offset) / WRITE_BACK_PAGE * WRITE_BACK_PAGE;
+        let end =
+            (u64::from(placed.offset) + placed.record_len) / WRITE_BACK_PAGE * WRITE_BACK_PAGE;
+        if end > start {
+            self.active.start_write_back(start, end - start);
+        }
     }
 
     /// Where the next record goes: active segment id and offset, and the

@@ -70,6 +70,12 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()>;
     /// Makes the file's data durable.
     fn sync_data(&self) -> io::Result<()>;
+    /// Starts writing `len` bytes at `offset` back to the disk and returns
+    /// at once: a hint that a `sync_data` follows, so that the disk works
+    /// while the caller does something else first. It makes nothing durable
+    /// and reports nothing (`sync_data` reports a failed write-back). The
+    /// default does nothing.
+    fn start_write_back(&self, _offset: u64, _len: u64) {}
     /// Truncates or extends the file to `len` bytes.
     fn set_len(&self, len: u64) -> io::Result<()>;
     /// Maps the file for reading. Bytes `..self.len()` at the time of the call

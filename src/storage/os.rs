@@ -108,6 +108,27 @@ impl StorageFile for OsFile {
         self.file.sync_data()
     }
 
+    #[cfg(target_os = "linux")]
+    fn start_write_back(&self, offset: u64, len: u64) {
+        use std::os::fd::AsRawFd;
+        let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return;
+        };
+        // SAFETY: a plain syscall on a descriptor this file owns. With
+        // SYNC_FILE_RANGE_WRITE alone it only starts write-back: it neither
+        // waits nor consumes a write-back error, which the following
+        // fdatasync still reports. Its own result is a hint's, ignored.
+        #[expect(unsafe_code, reason = "sync_file_range has no safe wrapper in std")]
+        let _ = unsafe {
+            libc::sync_file_range(
+                self.file.as_raw_fd(),
+                offset,
+                len,
+                libc::SYNC_FILE_RANGE_WRITE,
+            )
+        };
+    }
+
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.file.set_len(len)
     }

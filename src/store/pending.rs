@@ -6,6 +6,11 @@
 //! applies the covered records to the index in log order. A batch whose sync
 //! fails is never published.
 //!
+//! The writer applies a large record's seen ids to the index as it writes
+//! the record (`Index::apply_seen`): no reader sees them, and the work
+//! overlaps the disk's write-back. Publishing, and the effects below, then
+//! apply the rest (`Index::apply_visible`).
+//!
 //! The effects (`delta`) are built only when a planner needs them: a lone
 //! writer's previous batch is always published before it plans the next, so
 //! it never pays for them.
@@ -23,6 +28,8 @@ struct Written {
     segment: u32,
     body_at: u32,
     body: Vec<u8>,
+    /// The writer applied its seen ids to the index already.
+    is_seen_applied: bool,
 }
 
 /// The records written but not yet published, and their combined effects.
@@ -49,13 +56,22 @@ impl Pending {
         self.records.is_empty()
     }
 
-    /// Adds a record just written, ending at `lsn_end`.
-    pub(crate) fn push(&mut self, body: &[u8], segment: u32, body_at: u32, lsn_end: u64) {
+    /// Adds a record just written, ending at `lsn_end`; `is_seen_applied`
+    /// if the writer applied its seen ids to the index already.
+    pub(crate) fn push(
+        &mut self,
+        body: &[u8],
+        segment: u32,
+        body_at: u32,
+        lsn_end: u64,
+        is_seen_applied: bool,
+    ) {
         self.records.push_back(Written {
             lsn_end,
             segment,
             body_at,
             body: body.to_vec(),
+            is_seen_applied,
         });
     }
 
@@ -92,9 +108,15 @@ impl Pending {
     }
 }
 
+/// Applies a record, but not the seen ids the writer applied to the index
+/// already: the shadow needs none of those either, since a planner that
+/// misses an id there finds it in the index.
 fn apply(target: &mut Index, r: &Written, under: Option<&Index>) {
     let record = decode_batch(&r.body).expect("a written record decodes");
-    target
-        .apply_record(&record, r.segment, r.body_at, under)
-        .expect("a written record applies in log order");
+    let applied = if r.is_seen_applied {
+        target.apply_visible(&record, r.segment, r.body_at, under)
+    } else {
+        target.apply_record(&record, r.segment, r.body_at, under)
+    };
+    applied.expect("a written record applies in log order");
 }
