@@ -144,14 +144,23 @@ impl StorageFile for CountingFile {
     fn append(&self, buf: &[u8]) -> io::Result<()> {
         self.inner.append(buf)
     }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.inner.write_at(offset, buf)
+    }
     fn sync_data(&self) -> io::Result<()> {
         self.syncs.fetch_add(1, Ordering::Relaxed);
         self.inner.sync_data()
+    }
+    fn start_write_back(&self, offset: u64, len: u64) {
+        self.inner.start_write_back(offset, len);
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.inner.set_len(len)
     }
     fn map(&self, reserve: u64) -> io::Result<Bytes> {
         self.inner.map(reserve)
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.inner.read_at(offset, buf)
     }
 }
