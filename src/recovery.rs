@@ -49,6 +49,9 @@ pub(crate) struct WalkedSegment {
     pub file: Arc<dyn StorageFile>,
     /// Bytes up to the end of the last valid record.
     pub valid_len: u64,
+    /// Bytes up to the last one that is not zero, as walked: what a cut
+    /// at `valid_len` discards besides the zeros of a preallocated extension.
+    pub data_len: u64,
 }
 
 /// Where and why a walk stopped early.
@@ -179,8 +182,16 @@ fn open_segments(
 }
 
 /// Replays `opened` into `index`, skipping what a snapshot already covers
-/// (`start`: segment id and offset). Stops at the first problem.
-fn walk(opened: Vec<Opened>, index: &mut Index, start: Option<(u32, u64)>) -> Walk {
+/// (`start`: segment id and offset). Stops at the first problem. Only the
+/// log's newest segment may end in a torn record or in zeros: `has_newest`
+/// says whether the last of `opened` is it (not when compaction walks the
+/// sealed segments below its cut).
+fn walk(
+    opened: Vec<Opened>,
+    index: &mut Index,
+    start: Option<(u32, u64)>,
+    has_newest: bool,
+) -> Walk {
     let mut walk = Walk {
         segments: Vec::new(),
         records: 0,
@@ -195,7 +206,7 @@ fn walk(opened: Vec<Opened>, index: &mut Index, start: Option<(u32, u64)>) -> Wa
         _ => 1,
     });
     for (i, o) in opened.into_iter().enumerate() {
-        let is_last = i + 1 == count;
+        let is_newest = has_newest && i + 1 == count;
         if Some(o.id) != expected {
             let missing = expected.unwrap_or(o.id);
             walk.problem = Some(Problem::at(missing, 0, "segment file missing"));
@@ -208,13 +219,14 @@ fn walk(opened: Vec<Opened>, index: &mut Index, start: Option<(u32, u64)>) -> Wa
             kind: o.kind.ok(),
             file: o.file,
             valid_len: file_len,
+            data_len: data_end(&o.map, 0) as u64,
         };
         let mut from = SEGMENT_HEADER_LEN as u64;
         let result = match o.kind {
             // A header cut short, with nothing after it but the zeros of
             // the segment's extension.
             Err(reason) => Err(Problem {
-                is_tail: is_last && data_end(&o.map, SEGMENT_HEADER_LEN) <= SEGMENT_HEADER_LEN,
+                is_tail: is_newest && data_end(&o.map, SEGMENT_HEADER_LEN) <= SEGMENT_HEADER_LEN,
                 ..Problem::at(o.id, 0, reason)
             }),
             Ok(FileKind::Snapshot) => Err(Problem::at(
@@ -234,7 +246,7 @@ fn walk(opened: Vec<Opened>, index: &mut Index, start: Option<(u32, u64)>) -> Wa
                         o.id,
                         kind,
                         offset as usize,
-                        is_last,
+                        is_newest,
                         index,
                         &mut walk.records,
                     )
@@ -244,7 +256,7 @@ fn walk(opened: Vec<Opened>, index: &mut Index, start: Option<(u32, u64)>) -> Wa
                     o.id,
                     kind,
                     SEGMENT_HEADER_LEN,
-                    is_last,
+                    is_newest,
                     index,
                     &mut walk.records,
                 ),
@@ -276,7 +288,7 @@ fn replay(
     id: u32,
     kind: FileKind,
     from: usize,
-    is_last: bool,
+    is_newest: bool,
     index: &mut Index,
     records: &mut u64,
 ) -> Result<u64, Problem> {
@@ -293,10 +305,10 @@ fn replay(
         let record = match item {
             Ok(record) => record,
             // The newest log segment's unused extension: its records end here.
-            Err(bad) if bad.is_zeroed && is_last && kind == FileKind::Log => break,
+            Err(bad) if bad.is_zeroed && is_newest && kind == FileKind::Log => break,
             Err(bad) => {
                 return Err(Problem {
-                    is_tail: is_last && bad.is_tail && kind == FileKind::Log,
+                    is_tail: is_newest && bad.is_tail && kind == FileKind::Log,
                     ..Problem::at(id, bad.offset, bad.reason)
                 });
             }
@@ -452,7 +464,7 @@ fn replay_log(
         let reason = match load_snapshot(storage, dir, &mut index) {
             Ok(snapshot) => {
                 let start = (snapshot.end.covered_segment, snapshot.end.covered_offset);
-                let walk = walk(open()?, &mut index, Some(start));
+                let walk = walk(open()?, &mut index, Some(start), below.is_none());
                 match (&walk.problem, check_snapshot(&snapshot, &walk)) {
                     (Some(p), _) if !p.is_tail => {
                         format!("the log after it does not replay: {}", p.reason).into()
@@ -466,7 +478,7 @@ fn replay_log(
         snapshot = Some(Err(reason));
     }
     let mut index = Index::new(ttls);
-    let walk = walk(open()?, &mut index, None);
+    let walk = walk(open()?, &mut index, None, below.is_none());
     Ok((index, walk, snapshot))
 }
 
@@ -500,11 +512,7 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, ttls: Ttls) -> Result<R
             .last_mut()
             .expect("a tail problem is in a walked segment");
         let path = dir.join(segment_file_name(segment.id));
-        let len = segment
-            .file
-            .len()
-            .map_err(|e| Error::io("stat", &path, e))?;
-        torn_bytes = len - problem.offset;
+        torn_bytes = segment.data_len.saturating_sub(problem.offset);
         if problem.offset < SEGMENT_HEADER_LEN as u64 {
             // The segment's creation was cut short: write its header again.
             segment
@@ -678,7 +686,7 @@ pub(crate) fn repair(storage: &dyn Storage, dir: &Path, now_ms: u64) -> Result<R
     let (opened, _) = open_segments(storage, dir, true)?;
     let kinds: Vec<(u32, Result<FileKind, &'static str>)> =
         opened.iter().map(|o| (o.id, o.kind)).collect();
-    let mut walk = walk(opened, &mut Index::default(), None);
+    let mut walk = walk(opened, &mut Index::default(), None, true);
     let mut report = RepairReport {
         records_kept: walk.records,
         ..RepairReport::default()
@@ -830,7 +838,7 @@ fn write_new_file(storage: &dyn Storage, path: &PathBuf, bytes: &[u8]) -> Result
 /// anything: any problem, a torn tail included, is `Corruption`.
 pub(crate) fn verify(storage: &dyn Storage, dir: &Path) -> Result<Walk> {
     let (opened, _) = open_segments(storage, dir, false)?;
-    let mut walk = walk(opened, &mut Index::default(), None);
+    let mut walk = walk(opened, &mut Index::default(), None, true);
     if let Some(problem) = walk.problem.take() {
         return Err(problem.into_error());
     }

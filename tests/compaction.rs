@@ -405,3 +405,43 @@ fn a_missing_segment_is_corruption_naming_it_never_a_shorter_log() {
         }
     }
 }
+
+#[test]
+fn zeros_where_a_sealed_segment_lost_its_last_record_fail_compaction_and_replace_nothing() {
+    // Compaction seals the active segment and reads it last, but it is not
+    // the log's newest then: zeros at its end are lost records, never its
+    // end (sealing cut its preallocated space off).
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0_MS);
+    let store = Store::open(dir.path(), options(&clock)).unwrap();
+    for i in 0..40 {
+        store.apply_batch(&batch(i)).unwrap();
+    }
+    let files_before = segment_files(dir.path());
+    let active = dir.path().join(files_before.last().unwrap());
+    let (starts, end) = common::records(&active);
+    let last = *starts.last().expect("the active segment holds records");
+    // The disk lost the last record: zeros from its start to the end of
+    // what was written.
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&active)
+        .unwrap();
+    file.write_all_at(&vec![0; (end - last) as usize], last)
+        .unwrap();
+    drop(file);
+
+    let e = store
+        .compact()
+        .expect_err("compaction reads the damaged segment");
+    assert!(
+        matches!(e, idemkv::Error::Corruption { offset, .. } if offset == last),
+        "compaction over zeros at the end of a sealed segment: {e:?}"
+    );
+    let files_after = segment_files(dir.path());
+    assert!(
+        files_before.iter().all(|f| files_after.contains(f)),
+        "no segment replaced: {files_before:?} then {files_after:?}"
+    );
+}

@@ -247,3 +247,73 @@ fn replay_after_reopen_decides_exactly_what_the_live_store_decided() {
         assert_eq!(logged, reports);
     }
 }
+
+/// Under `Sync`, an id that a batch still waiting for its sync recorded,
+/// that expired, and that a large batch (whose seen ids may go into the
+/// index before its sync) recorded again, is a duplicate when it comes a
+/// third time: the planner finds its newest record, not the expired one.
+#[cfg(feature = "testing")]
+#[test]
+fn an_id_recorded_again_while_an_older_record_of_it_waits_for_its_sync_is_a_duplicate() {
+    use idemkv::storage::{FaultyStorage, OpKind};
+
+    let storage = FaultyStorage::new();
+    let clock = ManualClock::new(T0_MS);
+    let options = Options::default()
+        .storage(Arc::new(storage.clone()))
+        .clock(Arc::new(clock.clone()))
+        .durability(idemkv::Durability::Sync)
+        .seen_ttl(Some(Duration::from_secs(1)));
+    let store = Store::open("/db", options).unwrap();
+    let first = Batch::new("B1").put("x", "kx", 1, "v");
+    let mut large = Batch::new("B2").put("x", "kx", 1, "v");
+    for j in 0..300 {
+        large = large.put(format!("l{j}"), format!("large{j}"), 1, "y".repeat(120));
+    }
+    let third = Batch::new("B3").put("x", "kx", 1, "v");
+    let timeout = Duration::from_secs(20);
+    let writes = |at_least: u64| {
+        let deadline = std::time::Instant::now() + timeout;
+        while storage
+            .ops()
+            .iter()
+            .filter(|o| o.kind == OpKind::Write)
+            .count()
+            < at_least as usize
+        {
+            assert!(std::time::Instant::now() < deadline, "the writes happen");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    let reports = std::thread::scope(|scope| {
+        storage.pause_next(OpKind::SyncData);
+        let a = scope.spawn(|| store.apply_batch(&first));
+        storage
+            .wait_until_paused(timeout)
+            .expect("B1's sync starts");
+        let written = storage
+            .ops()
+            .iter()
+            .filter(|o| o.kind == OpKind::Write)
+            .count() as u64;
+        // B1 waits for its sync; its record of "x" expires.
+        clock.advance(Duration::from_secs(2));
+        let b = scope.spawn(|| store.apply_batch(&large));
+        writes(written + 1);
+        let c = scope.spawn(|| store.apply_batch(&third));
+        writes(written + 2);
+        storage.resume();
+        [a, b, c].map(|h| h.join().unwrap().unwrap())
+    });
+    assert_eq!(reports[0].inserted, 1, "{:?}", reports[0]);
+    assert_eq!(
+        reports[1].duplicates, 0,
+        "expired, so not a duplicate: {:?}",
+        reports[1]
+    );
+    assert_eq!(
+        reports[2].duplicates, 1,
+        "B2 recorded it again: {:?}",
+        reports[2]
+    );
+}

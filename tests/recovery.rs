@@ -244,6 +244,11 @@ fn check_every_offset_of_final_record(built: &Built, options: &Options) {
         );
         let store = Store::open(copy.path(), options.clone())
             .unwrap_or_else(|e| panic!("{context}: open: {e}"));
+        let torn = store.stats().torn_bytes_discarded;
+        assert!(
+            torn <= offset - len_before,
+            "{context}: {torn} torn bytes counted, the zeros after the cut among them"
+        );
         assert_eq!(
             &snap(&store),
             previous,

@@ -4,7 +4,9 @@
 //!
 //! Invariant: the index equals the result of applying every committed record,
 //! in log order, with [`Index::apply_record`]; live commits and recovery both
-//! go through that one function. Expiry decisions depend only on the records'
+//! go through that one function. (Under `Sync`, a large record's seen ids
+//! may go in before it is durable, with `apply_seen`, the rest once it is,
+//! with `apply_visible`: see `store/pending.rs`.) Expiry decisions depend only on the records'
 //! commit times, never on when memory was purged.
 
 pub(crate) mod add_marks;

@@ -236,11 +236,11 @@ impl LogWriter {
         Ok(self.lsn)
     }
 
-    /// Starts writing the whole pages of the record `place`d at `placed` back
-    /// to the disk (see `StorageFile::start_write_back`), ahead of the sync
-    /// that makes it durable. Not its last, partial page: the next record
-    /// writes into that one, and a write to a page under write-back may
-    /// have to wait for it.
+    /// Starts writing the record `place`d at `placed` back to the disk (see
+    /// `StorageFile::start_write_back`), ahead of the sync that makes it
+    /// durable: from the page that holds its start to its last whole page.
+    /// Not its last, partial page: the next record writes into that one,
+    /// and a write to a page under write-back may have to wait for it.
     pub(crate) fn start_write_back(&self, placed: &Placed) {
         let start = u64::from(placed.offset) / WRITE_BACK_PAGE * WRITE_BACK_PAGE;
         let end =

@@ -185,20 +185,18 @@ impl GroupCommit {
                     .expect("a position was written before anyone waits for it"),
             );
             let started = Instant::now();
-            let synced = parking_lot::MutexGuard::unlocked(&mut s, || {
-                let synced = file.sync_data();
-                if synced.is_err() {
-                    hooks.sync_failed();
-                }
-                synced
-            });
+            let synced = parking_lot::MutexGuard::unlocked(&mut s, || file.sync_data());
             s.is_syncing = false;
             s.sync_target = None;
             s.last_sync = started.elapsed();
             s.cohort = s.records_written - claimed_before;
             if let Err(e) = synced {
+                // Poisoned first: the marker takes syncs of its own, and a
+                // snapshot or rotation that synced the segment meanwhile
+                // would be told success for the pages this sync dropped.
                 s.poisoned.get_or_insert(format!("sync failed: {e}"));
                 self.synced.notify_all();
+                parking_lot::MutexGuard::unlocked(&mut s, || hooks.sync_failed());
                 continue;
             }
             s.synced = s.synced.max(target);

@@ -186,6 +186,7 @@ impl Store {
                 kind: Some(FileKind::Log),
                 file,
                 valid_len: SEGMENT_HEADER_LEN as u64,
+                data_len: SEGMENT_HEADER_LEN as u64,
             });
         }
         let last = walk.segments.len() - 1;

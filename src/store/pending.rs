@@ -7,9 +7,12 @@
 //! fails is never published.
 //!
 //! The writer applies a large record's seen ids to the index as it writes
-//! the record (`Index::apply_seen`): no reader sees them, and the work
-//! overlaps the disk's write-back. Publishing, and the effects below, then
-//! apply the rest (`Index::apply_visible`).
+//! the record (`Index::apply_seen`) if nothing is pending before it, so
+//! that seen ids still go in in log order: no reader sees them, and the
+//! work overlaps the disk's write-back. Publishing, and the effects below,
+//! then apply the rest (`Index::apply_visible`). Such a record is the
+//! oldest pending one, so the effects never hold an older entry for one of
+//! its ids that would shadow the index's.
 //!
 //! The effects (`delta`) are built only when a planner needs them: a lone
 //! writer's previous batch is always published before it plans the next, so

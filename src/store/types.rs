@@ -52,7 +52,8 @@ pub struct Stats {
     /// Commit syncs since open; concurrent callers share them (group commit).
     pub syncs: u64,
     pub index_bytes: IndexBytes,
-    /// Bytes of a torn final record that `open` discarded.
+    /// Bytes of a torn final record that `open` discarded (not counting
+    /// zeros after it, the unused part of a preallocated segment).
     pub torn_bytes_discarded: u64,
     /// Log records `open` replayed (those after the snapshot, if one was loaded).
     pub records_replayed_at_open: u64,

@@ -201,18 +201,20 @@ impl Store {
                 .apply_record(&written, placed.segment, placed.body_at, None)
                 .expect("a planned record applies to the index it was planned against"),
             Durability::Sync => {
-                // A large record: the disk starts on it while its seen ids,
-                // which no reader sees, go into the index (in log order:
-                // under the writer lock). The rest waits for the sync, in
-                // `pending`.
-                let is_large = placed.record_len >= OVERLAP_RECORD_BYTES_MIN;
-                if is_large {
+                // A large record with nothing pending before it (a lone
+                // writer's): the disk starts on it while its seen ids, which
+                // no reader sees, go into the index. In log order: every
+                // earlier record is published, and later ones apply theirs
+                // when they are. The rest waits for the sync, in `pending`.
+                let is_early =
+                    placed.record_len >= OVERLAP_RECORD_BYTES_MIN && writer.pending.is_empty();
+                if is_early {
                     writer.log.start_write_back(&placed);
                     self.index.write().apply_seen(&written);
                 }
                 writer
                     .pending
-                    .push(body, placed.segment, placed.body_at, lsn_end, is_large);
+                    .push(body, placed.segment, placed.body_at, lsn_end, is_early);
             }
         }
         self.commit.written(lsn_end, writer.log.active_file());
