@@ -7,10 +7,11 @@
 //! serialises access (the store's writer lock).
 //!
 //! The active segment is extended ahead of its records, a quarter of the
-//! segment size (at most 4 MiB) at a time, so that most commit syncs find the file's size unchanged and
-//! write data only (an fdatasync after an append must also write the new
-//! size). The unused part reads as zeros, which the reader takes for the
-//! end of the newest segment (DESIGN.md, "Preallocated segments").
+//! segment size (at most 4 MiB) at a time, so that most commit syncs find
+//! the file's size unchanged and write data only (an fdatasync after an
+//! append must also write the new size). The unused part reads as zeros,
+//! which the reader takes for the end of the newest segment (DESIGN.md,
+//! "Preallocated segments").
 //!
 //! Rotation, in order: cut the full segment to the end of its last record
 //! and sync it (it is now sealed and never written again), create the next
