@@ -169,6 +169,9 @@ impl Store {
         // Appends go to the newest log segment; a new one is started if there
         // is none, or if the newest segment is a base (after a repair).
         let newest = walk.segments.last().map(|s| (s.id, s.kind));
+        // How long the active segment's file is: recovery cut an existing
+        // one to its last record (dropping any preallocated zeros).
+        let mut allocated = None;
         if let None | Some((_, Some(FileKind::Base))) = newest {
             let id = newest
                 .map_or(Some(1), |(id, _)| id.checked_add(1))
@@ -181,6 +184,7 @@ impl Store {
                 })?;
             let len = new_segment_len(options.segment_bytes_max);
             let file = create_segment(storage.as_ref(), &dir, id, len)?;
+            allocated = Some(len);
             walk.segments.push(recovery::WalkedSegment {
                 id,
                 kind: Some(FileKind::Log),
@@ -204,14 +208,8 @@ impl Store {
         let active_path = dir.join(segment_file_name(active.id));
         active.file.sync_data().map_err(|e| {
             recovery::note_sync_failure(storage.as_ref(), &dir);
-            Error::io("sync", &active_path, e)
+            Error::io("sync", active_path, e)
         })?;
-        // Past its last record, the segment holds zeros to its end (its
-        // preallocated extension, which recovery checked).
-        let allocated = active
-            .file
-            .len()
-            .map_err(|e| Error::io("stat", &active_path, e))?;
         let log = LogWriter::new(
             dir.clone(),
             Arc::clone(&storage),
@@ -219,7 +217,7 @@ impl Store {
             active.file,
             active.id,
             active.valid_len,
-            allocated,
+            allocated.unwrap_or(active.valid_len),
         );
         let last_snapshot_bytes = match recovered.snapshot {
             Some(Ok(bytes)) => bytes,
