@@ -5,9 +5,10 @@
 //! Invariant: the index equals the result of applying every committed record,
 //! in log order, with [`Index::apply_record`]; live commits and recovery both
 //! go through that one function. (Under `Sync`, a large record's seen ids
-//! may go in before it is durable, with `apply_seen`, the rest once it is,
-//! with `apply_visible`: see `store/pending.rs`.) Expiry decisions depend only on the records'
-//! commit times, never on when memory was purged.
+//! may go in before it is durable, with `apply_seen`, and the rest once it
+//! is, with `apply_visible`: see `store/pending.rs`.) Expiry decisions
+//! depend only on the records' commit times, never on when memory was
+//! purged.
 
 pub(crate) mod add_marks;
 pub(crate) mod addr_table;
@@ -104,8 +105,8 @@ impl Index {
     }
 
     /// Records a batch record's seen ids: the part of `apply_record` that no
-    /// reader sees, which a writer applies while the disk syncs the record
-    /// (`apply_visible` publishes the rest once it is durable). Records must
+    /// reader sees, which a writer applies while the disk writes the record
+    /// back (`apply_visible` publishes the rest once it is durable). Records must
     /// come in log order here too: a later record may record an id again.
     pub(crate) fn apply_seen(&mut self, record: &BatchRecord<'_>) {
         let at_secs = to_secs_ceil(record.committed_ms);
