@@ -214,6 +214,14 @@ impl Arena {
         record_key(self.record(address))
     }
 
+    /// Asks the CPU to fetch a record's first line.
+    fn prefetch(&self, address: u32) {
+        let (chunk, at) = self.locate(address);
+        if let Some(byte) = self.chunks.get(chunk).and_then(|c| c.get(at)) {
+            crate::hashing::prefetch(byte);
+        }
+    }
+
     fn entry(&self, address: u32) -> KeyEntry {
         decode_entry(self.record(address))
     }
@@ -398,10 +406,7 @@ impl KeyIndex {
     pub(crate) fn prefetch_record(&self, key: &[u8]) {
         // The first tag match, keys uncompared: where the lookup most likely ends.
         if let Some(a) = self.table.find(hash_key(self.seed, key), |_| true) {
-            let (chunk, at) = self.arena.locate(a);
-            if let Some(byte) = self.arena.chunks.get(chunk).and_then(|c| c.get(at)) {
-                crate::hashing::prefetch(byte);
-            }
+            self.arena.prefetch(a);
         }
     }
 
@@ -529,7 +534,10 @@ impl KeyIndex {
     pub(crate) fn relocate(&mut self, mut to: impl FnMut(&[u8], ValueRef) -> Option<ValueRef>) {
         self.merge_tail();
         self.merge_mid();
-        for &a in &self.run {
+        for (i, &a) in self.run.iter().enumerate() {
+            if let Some(&ahead) = self.run.get(i + LEVEL_PREFETCH_AHEAD) {
+                self.arena.prefetch(ahead);
+            }
             let entry = self.arena.entry(a);
             if let KeyState::Live(v) = entry.state
                 && let Some(moved) = to(self.arena.key(a), v)
@@ -681,13 +689,26 @@ struct Level<'a> {
     head: Option<&'a [u8]>,
 }
 
+/// How far ahead of a walk in key order records are prefetched. The levels
+/// are in key order and the arena in insertion order, so each record is a
+/// cache miss of its own; with 16 in flight the walk stops waiting for each
+/// in turn. Snapshots, digests, scans and compaction walk every key: a
+/// digest of 200,000 keys took 69 ms without, 49 ms with.
+const LEVEL_PREFETCH_AHEAD: usize = 16;
+
 impl<'a> Level<'a> {
     fn advance(&mut self, arena: &'a Arena, prefix: &[u8]) {
+        if let Some(&a) = self.rest.as_slice().get(LEVEL_PREFETCH_AHEAD) {
+            arena.prefetch(a);
+        }
         self.head = self
             .rest
             .next()
             .map(|&a| arena.record(a))
-            .filter(|r| record_key(r).starts_with(prefix));
+            // Not even an empty comparison for an empty prefix: a
+            // zero-length `memcmp` per key was a quarter of a snapshot's
+            // walk of the keys (56 ms against 41 ms for 200,000 keys).
+            .filter(|r| prefix.is_empty() || record_key(r).starts_with(prefix));
     }
 }
 
