@@ -1036,3 +1036,52 @@ fn acknowledged_batches_after_a_failed_sync_and_reopen_survive_power_loss() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// A commit sync fails, and in the instant before its syncer learns it (the
+/// kernel has dropped the pages already), another writer's rotation syncs
+/// the same segment. The kernel would tell that sync success: nothing of
+/// the failed batch is dirty any more. The rotation must not take that for
+/// durability and publish the failed batch (the sync gate refuses every
+/// sync after a failed one).
+#[test]
+fn a_rotation_in_the_instant_after_a_failed_commit_sync_publishes_nothing() {
+    let storage = FaultyStorage::new();
+    let store = Store::open(dir(), options(&storage).snapshot_log_bytes(None)).expect("open");
+    store
+        .apply_batch(&Batch::new("B0").put("e0", "k0", 1, "v0"))
+        .expect("a first batch");
+    let timeout = std::time::Duration::from_secs(20);
+    let syncs = || {
+        let ops = storage.ops();
+        ops.iter().filter(|o| o.kind == OpKind::SyncData).count()
+    };
+    let failed = Batch::new("B1").put("e1", "k1", 1, "v1");
+    // Over the segment's free room, so that it rotates first.
+    let rotates = Batch::new("B2").put("e2", "k2", 1, "x".repeat(SEGMENT_BYTES_MAX as usize));
+    let (first, second) = std::thread::scope(|scope| {
+        storage.pause_after_next_sync();
+        storage.inject(Fault::new(OpKind::SyncData, FaultError::Io));
+        let first = scope.spawn(|| store.apply_batch(&failed));
+        storage
+            .wait_until_paused(timeout)
+            .expect("B1's commit sync failed and is held before it returns");
+        let syncs_before = syncs();
+        let second = scope.spawn(|| store.apply_batch(&rotates));
+        // Without the gate the rotation's sync runs now; with it, it waits
+        // for the held one: give it time to, then let the failure return.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(300);
+        while syncs() == syncs_before && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        storage.resume();
+        (first.join().unwrap(), second.join().unwrap())
+    });
+    assert!(first.is_err(), "B1's sync failed: {first:?}");
+    assert!(second.is_err(), "the store is poisoned: {second:?}");
+    assert_eq!(
+        store.get("k1").unwrap(),
+        None,
+        "a batch whose sync failed is never published"
+    );
+    assert_eq!(store.get("k0").unwrap().map(|r| r.seq), Some(1));
+}

@@ -5,4 +5,5 @@
 pub(crate) mod names;
 pub(crate) mod reader;
 pub(crate) mod segments;
+pub(crate) mod sync_gate;
 pub(crate) mod writer;

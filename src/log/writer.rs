@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::names::segment_file_name;
+use super::sync_gate::SyncGate;
 use crate::error::{Error, Result};
 use crate::format::segment::{
     FRAME_HEADER_LEN, FileKind, SEGMENT_HEADER_LEN, encode_frame, encode_segment_header,
@@ -116,6 +117,8 @@ pub(crate) struct LogWriter {
     active_anchor: (u64, u64),
     lsn: u64,
     buf: Vec<u8>,
+    /// Every sync of the active segment, group commit's included.
+    sync_gate: Arc<SyncGate>,
 }
 
 impl LogWriter {
@@ -143,7 +146,13 @@ impl LogWriter {
             active_anchor: (0, active_len),
             lsn: 0,
             buf: Vec::new(),
+            sync_gate: Arc::default(),
         }
+    }
+
+    /// The gate every sync of the active segment passes (see `sync_gate.rs`).
+    pub(crate) fn sync_gate(&self) -> &Arc<SyncGate> {
+        &self.sync_gate
     }
 
     /// Hands out the reusable buffer, cleared, with room for a frame header
@@ -275,8 +284,8 @@ impl LogWriter {
     pub(crate) fn rotate(&mut self) -> Result<Arc<dyn StorageFile>> {
         let path = self.dir.join(segment_file_name(self.active_id));
         self.trim()?;
-        self.active
-            .sync_data()
+        self.sync_gate
+            .sync(self.active.as_ref())
             .map_err(|e| Error::io("sync", &path, e))?;
         let next_id = self.active_id.checked_add(1).ok_or_else(|| {
             Error::io(

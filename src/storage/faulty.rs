@@ -22,8 +22,10 @@
 //! - Every operation is counted and traced ([`OpRecord`]), so a test can run
 //!   a workload once to count its operations, then cut at each of them.
 //! - An operation can be held when it starts while other threads go on
-//!   ([`FaultyStorage::pause_next`]), to interleave threads deterministically
-//!   (for example, a record appended while another writer's sync is held).
+//!   ([`FaultyStorage::pause_next`]), and a data sync once it is done but
+//!   before it returns ([`FaultyStorage::pause_after_next_sync`]), to
+//!   interleave threads deterministically (for example, a record appended
+//!   while another writer's sync is held).
 //!
 //! What it does not model: permissions, disk capacity (ENOSPC is only
 //! injected), hard links, directories as entries (`create_dir_all` is
@@ -273,6 +275,11 @@ struct Disk {
 enum Pause {
     /// Hold the next operation of this kind.
     Next(OpKind),
+    /// Hold the next data sync once it has taken effect or failed, before
+    /// it returns.
+    NextSyncDone,
+    /// Data sync `index` is to be held when it is done.
+    SyncDone(u64),
     /// Operation `index` is held until `resume`.
     Holding(u64),
 }
@@ -397,6 +404,15 @@ impl Disk {
     }
 }
 
+/// Holds operation `index` until the test resumes it.
+fn hold(shared: &Shared, disk: &mut MutexGuard<'_, Disk>, index: u64) {
+    disk.pause = Some(Pause::Holding(index));
+    shared.pause.notify_all();
+    while disk.pause == Some(Pause::Holding(index)) {
+        shared.pause.wait(disk);
+    }
+}
+
 /// Counts and traces an operation, holds it while a test has it paused,
 /// and decides whether it fails.
 fn gate(
@@ -419,11 +435,10 @@ fn gate(
         failed: false,
     });
     if disk.pause == Some(Pause::Next(kind)) {
-        disk.pause = Some(Pause::Holding(index));
-        shared.pause.notify_all();
-        while disk.pause == Some(Pause::Holding(index)) {
-            shared.pause.wait(disk);
-        }
+        hold(shared, disk, index);
+    }
+    if disk.pause == Some(Pause::NextSyncDone) && kind == OpKind::SyncData {
+        disk.pause = Some(Pause::SyncDone(index));
     }
 
     let mut gate = Gate::Go;
@@ -537,7 +552,17 @@ impl FaultyStorage {
         self.shared.disk.lock().pause = Some(Pause::Next(kind));
     }
 
-    /// Waits until an operation is held by [`pause_next`](Self::pause_next);
+    /// Holds the next data sync once it is done (its pages on the disk, or
+    /// dropped if it fails), before it returns to its caller, until
+    /// [`resume`](Self::resume). A failed sync held this way is the instant
+    /// in which the kernel has dropped the pages but the caller does not
+    /// know yet.
+    pub fn pause_after_next_sync(&self) {
+        self.shared.disk.lock().pause = Some(Pause::NextSyncDone);
+    }
+
+    /// Waits until an operation is held by [`pause_next`](Self::pause_next)
+    /// or [`pause_after_next_sync`](Self::pause_after_next_sync);
     /// returns its index, or `None` if none was within `timeout`.
     pub fn wait_until_paused(&self, timeout: std::time::Duration) -> Option<u64> {
         let deadline = std::time::Instant::now() + timeout;
@@ -885,6 +910,8 @@ impl StorageFile for FaultyFile {
 
     fn sync_data(&self) -> io::Result<()> {
         let mut disk = self.shared.disk.lock();
+        // The index `gate` gives this operation (others may come while it is held).
+        let index = disk.ops.len() as u64;
         let gate = gate(
             &self.shared,
             &mut disk,
@@ -895,7 +922,7 @@ impl StorageFile for FaultyFile {
             None,
         );
         let inode = disk.inode_mut(self.ino);
-        match gate {
+        let result = match gate {
             Gate::Go => {
                 inode.durable = replay(&inode.durable, &inode.unsynced, u64::MAX);
                 inode.unsynced.clear();
@@ -911,7 +938,11 @@ impl StorageFile for FaultyFile {
                 }
                 Err(error)
             }
+        };
+        if disk.pause == Some(Pause::SyncDone(index)) {
+            hold(&self.shared, &mut disk, index);
         }
+        result
     }
 
     fn set_len(&self, len: u64) -> io::Result<()> {

@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use crate::error::{Error, Result};
+use crate::log::sync_gate::SyncGate;
 use crate::storage::StorageFile;
 
 /// What the syncer does around a sync, on behalf of the store.
@@ -79,15 +80,26 @@ impl State {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct GroupCommit {
     state: Mutex<State>,
     synced: Condvar,
     /// Signals a gathering syncer that a record was written.
     joined: Condvar,
+    /// The log writer's: commit syncs take turns with rotations' and snapshots'.
+    sync_gate: Arc<SyncGate>,
 }
 
 impl GroupCommit {
+    pub(crate) fn new(sync_gate: Arc<SyncGate>) -> Self {
+        Self {
+            state: Mutex::default(),
+            synced: Condvar::new(),
+            joined: Condvar::new(),
+            sync_gate,
+        }
+    }
+
     /// Notes a batch record written up to `lsn` into `file`. Caller holds the writer lock.
     pub(crate) fn written(&self, lsn: u64, file: &Arc<dyn StorageFile>) {
         let mut s = self.state.lock();
@@ -185,15 +197,16 @@ impl GroupCommit {
                     .expect("a position was written before anyone waits for it"),
             );
             let started = Instant::now();
-            let synced = parking_lot::MutexGuard::unlocked(&mut s, || file.sync_data());
+            let synced =
+                parking_lot::MutexGuard::unlocked(&mut s, || self.sync_gate.sync(file.as_ref()));
             s.is_syncing = false;
             s.sync_target = None;
             s.last_sync = started.elapsed();
             s.cohort = s.records_written - claimed_before;
             if let Err(e) = synced {
-                // Poisoned first: the marker takes syncs of its own, and a
-                // snapshot or rotation that synced the segment meanwhile
-                // would be told success for the pages this sync dropped.
+                // Poisoned before the marker, which takes syncs of its own.
+                // A rotation or snapshot that syncs the segment meanwhile
+                // is refused by the sync gate.
                 s.poisoned.get_or_insert(format!("sync failed: {e}"));
                 self.synced.notify_all();
                 parking_lot::MutexGuard::unlocked(&mut s, || hooks.sync_failed());

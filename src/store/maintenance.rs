@@ -187,15 +187,16 @@ impl Store {
         // Sync the bulk of the active segment (under `Buffered`, up to a
         // segment of dirty pages) before writers are held back; the sync
         // under the writer lock then only flushes what came since.
-        let (active, active_id) = {
+        let (active, active_id, sync_gate) = {
             let writer = self.writer.lock();
             (
                 Arc::clone(writer.log.active_file()),
                 writer.log.position().0,
+                Arc::clone(writer.log.sync_gate()),
             )
         };
-        active
-            .sync_data()
+        sync_gate
+            .sync(active.as_ref())
             .map_err(|e| Error::io("sync", self.dir.join(segment_file_name(active_id)), e))
             .inspect_err(|e| self.poison("snapshot sync failed", e))?;
         let (file, lsn) = {
@@ -207,8 +208,8 @@ impl Store {
             let path = self.dir.join(segment_file_name(segment));
             writer
                 .log
-                .active_file()
-                .sync_data()
+                .sync_gate()
+                .sync(writer.log.active_file().as_ref())
                 .map_err(|e| Error::io("sync", path, e))
                 .inspect_err(|e| self.poison("snapshot sync failed", e))?;
             self.publish_locked(writer, lsn);

@@ -219,6 +219,7 @@ impl Store {
             active.valid_len,
             allocated.unwrap_or(active.valid_len),
         );
+        let commit = GroupCommit::new(Arc::clone(log.sync_gate()));
         let last_snapshot_bytes = match recovered.snapshot {
             Some(Ok(bytes)) => bytes,
             _ => 0,
@@ -235,7 +236,7 @@ impl Store {
                 unsaved_since: 0,
                 last_snapshot_bytes,
             }),
-            commit: GroupCommit::default(),
+            commit,
             maintenance: Mutex::new(()),
             closed: AtomicBool::new(false),
             opened: OpenReport {
