@@ -393,7 +393,7 @@ impl KeyIndex {
     fn find(&self, key: &[u8]) -> Option<u32> {
         let arena = &self.arena;
         self.table
-            .find(hash_key(self.seed, key), |a| arena.key(a) == key)
+            .find(hash_key(self.seed, key), |a| key_eq(arena.key(a), key))
     }
 
     /// Asks the CPU to fetch the table lines a lookup of `key` reads first.
@@ -418,7 +418,7 @@ impl KeyIndex {
     pub(crate) fn set(&mut self, key: &[u8], entry: KeyEntry) {
         let hash = hash_key(self.seed, key);
         let arena = &self.arena;
-        let found = self.table.find(hash, |a| arena.key(a) == key);
+        let found = self.table.find(hash, |a| key_eq(arena.key(a), key));
         let was_live = match found {
             Some(a) => self.arena.set_entry(a, entry),
             None => {
@@ -458,7 +458,7 @@ impl KeyIndex {
             self.run.push(a);
             return;
         }
-        let at = self.tail.partition_point(|&b| arena.key(b) < key);
+        let at = self.tail.partition_point(|&b| key_less(arena.key(b), key));
         self.tail.insert(at, a);
         if self.tail.len() > self.geometry.tail_max {
             self.merge_tail();
@@ -712,6 +712,46 @@ impl<'a> Level<'a> {
     }
 }
 
+// Keys are short (most under 16 bytes) and compared on every lookup and
+// merge: `key_less` and `key_eq` decide most pairs with integer compares
+// instead of a call to `memcmp`, which costs more than the compare itself
+// at these lengths. Inserting 400,000 new keys into a buffered store:
+// 345 ms -> 294 ms; W1 buffered about 4% faster (7 of 8 alternating runs).
+
+/// `a < b`, deciding most pairs on their first 8 bytes as one integer.
+fn key_less(a: &[u8], b: &[u8]) -> bool {
+    let (pa, pb) = (head(a), head(b));
+    if pa == pb { a < b } else { pa < pb }
+}
+
+/// `a == b`; up to 16 bytes with two integer compares.
+fn key_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    match (a.last_chunk::<8>(), b.last_chunk::<8>()) {
+        (Some(ta), Some(tb)) if a.len() <= 16 => head(a) == head(b) && ta == tb,
+        (None, None) => head(a) == head(b),
+        _ => a == b,
+    }
+}
+
+/// The first 8 bytes of `key`, zero-padded, big-endian: integers in the
+/// keys' order, except that keys equal over their first 8 bytes (or one a
+/// zero-padded prefix of the other) tie.
+fn head(key: &[u8]) -> u64 {
+    match key.first_chunk::<8>() {
+        Some(first) => u64::from_be_bytes(*first),
+        None => {
+            let mut padded = [0; 8];
+            for (to, &from) in padded.iter_mut().zip(key) {
+                *to = from;
+            }
+            u64::from_be_bytes(padded)
+        }
+    }
+}
+
 fn record_key(record: &[u8]) -> &[u8] {
     record.get(KEY_AT..).unwrap_or_default()
 }
@@ -770,14 +810,14 @@ fn insertion_points(sorted: &[u32], fresh: &[u32], arena: &Arena) -> Vec<usize> 
         while len > 1 {
             let half = len / 2;
             for lane in 0..batch.len() {
-                if arena.key(sorted[base[lane] + half]) < keys[lane] {
+                if key_less(arena.key(sorted[base[lane] + half]), keys[lane]) {
                     base[lane] += half;
                 }
             }
             len -= half;
         }
         for lane in 0..batch.len() {
-            if len == 1 && arena.key(sorted[base[lane]]) < keys[lane] {
+            if len == 1 && key_less(arena.key(sorted[base[lane]]), keys[lane]) {
                 base[lane] += 1;
             }
             points.push(base[lane]);
@@ -1025,6 +1065,39 @@ mod tests {
         }
         for k in probes {
             assert_eq!(index.get(k), model.get(k).copied(), "probe {k:?}");
+        }
+    }
+
+    /// Keys up to 20 bytes over a few byte values, zeros included:
+    /// prefixes, ties on the first 8 bytes and zero padding all come up.
+    fn compared_key() -> impl Strategy<Value = Vec<u8>> {
+        prop::collection::vec(select(&ALPHABET[..]), 0..20)
+    }
+
+    /// Two keys: independent, or the second the first with one byte changed.
+    fn compared_pair() -> impl Strategy<Value = (Vec<u8>, Vec<u8>)> {
+        prop_oneof![
+            (compared_key(), compared_key()),
+            (compared_key(), any::<usize>(), select(&ALPHABET[..])).prop_map(|(a, i, byte)| {
+                let mut b = a.clone();
+                if let Some(at) = i.checked_rem(b.len()) {
+                    b[at] = byte;
+                }
+                (a, b)
+            }),
+        ]
+    }
+
+    proptest! {
+        // Cheap cases, and many: a one-byte difference at each position of
+        // each length must come up.
+        #![proptest_config(ProptestConfig::with_cases(8192))]
+
+        #[test]
+        fn integer_key_compares_agree_with_slice_order((a, b) in compared_pair()) {
+            prop_assert_eq!(key_less(&a, &b), a < b);
+            prop_assert_eq!(key_eq(&a, &b), a == b);
+            prop_assert!(key_eq(&a, &a.clone()));
         }
     }
 
