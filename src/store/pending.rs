@@ -20,7 +20,7 @@
 
 use std::collections::VecDeque;
 
-use crate::format::record::decode_batch;
+use crate::format::record::decode_own_batch;
 use crate::index::Index;
 use crate::index::expiry::Ttls;
 
@@ -115,7 +115,7 @@ impl Pending {
 /// already: the shadow needs none of those either, since a planner that
 /// misses an id there finds it in the index.
 fn apply(target: &mut Index, r: &Written, under: Option<&Index>) {
-    let record = decode_batch(&r.body).expect("a written record decodes");
+    let record = decode_own_batch(&r.body).expect("a written record decodes");
     let applied = if r.is_seen_applied {
         target.apply_visible(&record, r.segment, r.body_at, under)
     } else {

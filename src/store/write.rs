@@ -185,9 +185,11 @@ impl Store {
             self.maps.insert(placed.segment, Arc::clone(file), map);
         }
         // Decode what we are about to write with the same decoder recovery
-        // uses: a record that would not replay is never written.
+        // uses: a record that would not replay is never written. The value
+        // CRCs were computed from these bytes a moment ago; only they are
+        // not checked again.
         let body = buf.get(FRAME_HEADER_LEN..).unwrap_or_default();
-        let written = record::decode_batch(body).map_err(|e| {
+        let written = record::decode_own_batch(body).map_err(|e| {
             invalid_batch(batch, format!("encoded record fails to decode: {}", e.what))
         })?;
         let lsn_end = writer
