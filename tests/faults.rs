@@ -1065,12 +1065,23 @@ fn a_rotation_in_the_instant_after_a_failed_commit_sync_publishes_nothing() {
         storage
             .wait_until_paused(timeout)
             .expect("B1's commit sync failed and is held before it returns");
-        let syncs_before = syncs();
+        let (ops_before, syncs_before) = (storage.op_count(), syncs());
         let second = scope.spawn(|| store.apply_batch(&rotates));
-        // Without the gate the rotation's sync runs now; with it, it waits
-        // for the held one: give it time to, then let the failure return.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(300);
-        while syncs() == syncs_before && std::time::Instant::now() < deadline {
+        // The rotation starts by cutting the segment's preallocated tail off.
+        let deadline = std::time::Instant::now() + timeout;
+        while !storage
+            .ops()
+            .iter()
+            .skip(ops_before as usize)
+            .any(|o| o.kind == OpKind::SetLen)
+        {
+            assert!(std::time::Instant::now() < deadline, "B2 rotates");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // Its sync comes next: without the gate it runs now; with it, it
+        // waits for the held one. Give it time to, then let the failure return.
+        let grace = std::time::Instant::now() + std::time::Duration::from_millis(100);
+        while syncs() == syncs_before && std::time::Instant::now() < grace {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         storage.resume();

@@ -6,8 +6,9 @@
 //! allocation per key:
 //!
 //! - The **arena** holds one *record* per key, back to back in chunks of
-//!   256 KiB: the seq, the value location or tombstone time, the key's length
-//!   and the key's bytes, 22 bytes plus the key, padded to 4. A record's
+//!   256 KiB: the seq, the value location (with its CRC) or tombstone time,
+//!   the key's length and the key's bytes, 26 bytes plus the key, padded to
+//!   4. A record's
 //!   *address* is a `u32` counted in 4-byte units (so at most 16 GiB of
 //!   records). A record never straddles two chunks, and never moves until a
 //!   purge rebuilds the arena.
@@ -32,7 +33,7 @@
 //!   `range_prefix` binary-searches the three lists and merges the stretches
 //!   that match.
 //!
-//! Per key that is 22 + padding (record header) + 4 (run) + 5.7 to 11.4 (the
+//! Per key that is 26 + padding (record header) + 4 (run) + 5.7 to 11.4 (the
 //! table, whose power-of-two bucket count is between 8/7 and 16/7 of its
 //! length) bytes, plus at most one partly used chunk in all and under a byte
 //! for the mid. Chunks grow by doubling up to their full size and are never

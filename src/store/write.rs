@@ -184,10 +184,10 @@ impl Store {
                 .inspect_err(|e| self.poison("map failed", e))?;
             self.maps.insert(placed.segment, Arc::clone(file), map);
         }
-        // Decode what we are about to write with the same decoder recovery
-        // uses: a record that would not replay is never written. The value
-        // CRCs were computed from these bytes a moment ago; only they are
-        // not checked again.
+        // Decode what we are about to write with recovery's decoder, so that
+        // a record that would not replay is never written; only the value
+        // CRCs, computed from these very bytes a moment ago, are not
+        // computed again (`decode_own_batch`).
         let body = buf.get(FRAME_HEADER_LEN..).unwrap_or_default();
         let written = record::decode_own_batch(body).map_err(|e| {
             invalid_batch(batch, format!("encoded record fails to decode: {}", e.what))
