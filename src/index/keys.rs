@@ -19,13 +19,15 @@
 //! - Key order is kept in three sorted lists of addresses: the **run** (the
 //!   oldest records), the **mid** (newer) and the **tail** (the newest, at
 //!   most 512). A new key is inserted into the tail by binary search. A tail
-//!   that outgrows 512 merges into the mid, and a mid that outgrows
-//!   `max(1024, run / 128)` merges into the run: in place from the back, so
-//!   that each old entry moves once, after finding every new entry's place
-//!   by binary searches run eight at a time so that their cache misses
-//!   overlap. A merge into the run costs O(run) moves of 4 bytes and
-//!   O(mid log run) comparisons: the small mid keeps that pause short (tens
-//!   of milliseconds at ten million keys) for 512 bytes moved per insert.
+//!   that outgrows 512 merges into the mid, and a mid that outgrows an
+//!   eighth of the run (at least 1,024, at most 32,768 keys) merges into the
+//!   run: in place from the back, so that each old entry moves once, after
+//!   finding every new entry's place, by one prefetched walk up the list
+//!   merged into while it holds at most 8 entries per new one, otherwise by
+//!   binary searches run eight at a time so that their cache misses
+//!   overlap. A merge into the run costs O(run) moves of 4 bytes, and a
+//!   walk of the run or O(mid log run) comparisons: the mid's cap keeps
+//!   that pause to tens of milliseconds at ten million keys.
 //!   While the mid and the tail are empty, a key above every key in the run
 //!   is appended to the run, which then grows by an eighth at a time.
 //!   Loading a snapshot or a base segment, whose keys come in order, appends
@@ -140,11 +142,25 @@ struct Geometry {
     /// The tail merges into the mid once it holds more records than this.
     tail_max: usize,
     /// The mid merges into the run once it holds more than
-    /// `max(mid_min, run / RUN_PER_MID)`.
+    /// `mid_max(run)`: `run / RUN_PER_MID`, within `mid_min..=MID_MAX`.
     mid_min: usize,
 }
 
-const RUN_PER_MID: usize = 128;
+impl Geometry {
+    fn mid_max(&self, run: usize) -> usize {
+        (run / RUN_PER_MID).clamp(self.mid_min, MID_MAX.max(self.mid_min))
+    }
+}
+
+/// The mid holds up to an eighth of the run, so that a merge into the run
+/// finds its places by one walk up the run (see `WALK_PER_FRESH`), and at
+/// most `MID_MAX` keys, so that a merge into the mid moves at most 128 KiB
+/// and one into a large run stays a pause of tens of milliseconds. Random
+/// new keys into a buffered store, against a 128th and no walk: 400,000
+/// keys 290-300 ms -> 245-265 ms; 4 million keys 5.6 s -> 5.2 s, batches'
+/// median 481 -> 463 us, 99th percentile 15 -> 20 ms, worst 73 -> 75 ms.
+const RUN_PER_MID: usize = 8;
+const MID_MAX: usize = 1 << 15;
 
 impl Geometry {
     const DEFAULT: Self = Self {
@@ -463,7 +479,7 @@ impl KeyIndex {
         self.tail.insert(at, a);
         if self.tail.len() > self.geometry.tail_max {
             self.merge_tail();
-            if self.mid.len() > self.geometry.mid_min.max(self.run.len() / RUN_PER_MID) {
+            if self.mid.len() > self.geometry.mid_max(self.run.len()) {
                 self.merge_mid();
             }
         }
@@ -768,7 +784,11 @@ fn merge_into(sorted: &mut Vec<u32>, fresh: &[u32], arena: &Arena, exact: bool) 
     if fresh.is_empty() {
         return;
     }
-    let points = insertion_points(sorted, fresh, arena);
+    let points = if sorted.len() <= fresh.len() * WALK_PER_FRESH {
+        insertion_points_by_walk(sorted, fresh, arena)
+    } else {
+        insertion_points(sorted, fresh, arena)
+    };
     let old_len = sorted.len();
     let new_len = old_len + fresh.len();
     if exact {
@@ -787,6 +807,36 @@ fn merge_into(sorted: &mut Vec<u32>, fresh: &[u32], arena: &Arena, exact: bool) 
         sorted[w] = f;
     }
     debug_assert_eq!(i, w, "the unmoved head is in place");
+}
+
+/// A merge finds its places by one walk up `sorted` while `sorted` holds
+/// at most this many entries per fresh one, and by binary searches beyond.
+/// The walk reads every record of `sorted` once, in step and prefetched;
+/// the searches read about `log2(sorted / fresh) + 3` records per fresh one,
+/// each a cache miss of its own. With the walk and a mid of an eighth of
+/// the run, against searches only and a mid of a 128th: W1 buffered 1-7%
+/// faster in 4 alternating pairs, 4-11% in 6 earlier ones.
+const WALK_PER_FRESH: usize = 8;
+
+/// For each of `fresh`'s keys, how many of `sorted`'s keys are below it:
+/// one walk up `sorted`, prefetching ahead.
+fn insertion_points_by_walk(sorted: &[u32], fresh: &[u32], arena: &Arena) -> Vec<usize> {
+    let mut points = Vec::with_capacity(fresh.len());
+    let mut below = 0;
+    for &f in fresh {
+        let key = arena.key(f);
+        while let Some(&a) = sorted.get(below) {
+            if !key_less(arena.key(a), key) {
+                break;
+            }
+            if let Some(&ahead) = sorted.get(below + LEVEL_PREFETCH_AHEAD) {
+                arena.prefetch(ahead);
+            }
+            below += 1;
+        }
+        points.push(below);
+    }
+    points
 }
 
 /// Binary searches run side by side, so that their cache misses overlap.
@@ -1087,6 +1137,32 @@ mod tests {
                 (a, b)
             }),
         ]
+    }
+
+    proptest! {
+        #[test]
+        fn a_walk_and_binary_searches_find_the_same_places(
+            keys in prop::collection::btree_set(compared_key(), 0..200),
+            fresh_picks in prop::collection::vec(any::<bool>(), 200),
+        ) {
+            // Keys pushed in a shuffled order, so that addresses and key
+            // order differ as in a live index.
+            let mut arena = Arena::new(TINY.chunk_bits);
+            let mut pushed: Vec<(Vec<u8>, u32)> = keys
+                .iter()
+                .rev()
+                .map(|k| (k.clone(), arena.push(&encode_header(live(1, 1), k.len()), k)))
+                .collect();
+            pushed.sort();
+            let (mut sorted, mut fresh) = (Vec::new(), Vec::new());
+            for ((_, a), is_fresh) in pushed.iter().zip(&fresh_picks) {
+                if *is_fresh { fresh.push(*a) } else { sorted.push(*a) }
+            }
+            prop_assert_eq!(
+                insertion_points_by_walk(&sorted, &fresh, &arena),
+                insertion_points(&sorted, &fresh, &arena)
+            );
+        }
     }
 
     proptest! {
