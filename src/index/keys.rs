@@ -146,12 +146,6 @@ struct Geometry {
     mid_min: usize,
 }
 
-impl Geometry {
-    fn mid_max(&self, run: usize) -> usize {
-        (run / RUN_PER_MID).clamp(self.mid_min, MID_MAX.max(self.mid_min))
-    }
-}
-
 /// The mid holds up to an eighth of the run, so that a merge into the run
 /// finds its places by one walk up the run (see `WALK_PER_FRESH`), and at
 /// most `MID_MAX` keys, so that a merge into the mid moves at most 128 KiB
@@ -168,6 +162,10 @@ impl Geometry {
         tail_max: 512,
         mid_min: 1024,
     };
+
+    fn mid_max(&self, run: usize) -> usize {
+        (run / RUN_PER_MID).clamp(self.mid_min, MID_MAX.max(self.mid_min))
+    }
 }
 
 fn le<const N: usize>(bytes: &[u8], at: usize) -> [u8; N] {

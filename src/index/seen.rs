@@ -43,6 +43,12 @@ impl BulkFilter {
     }
 }
 
+/// How many top bits of the id a directory over a run of `len` ids uses:
+/// about `BUCKET_ENTRIES` ids per bucket.
+fn dir_bits_for(len: usize) -> u32 {
+    (len / BUCKET_ENTRIES).max(1).ilog2().min(32)
+}
+
 /// The directory bucket of `id` under `dir_bits` top bits.
 fn bucket_of(dir_bits: u32, id: [u64; 2]) -> usize {
     if dir_bits == 0 {
@@ -69,7 +75,7 @@ fn sort_by_id(entries: &mut Vec<(Entry, u32)>) {
         return;
     }
     let bits = n.ilog2();
-    let bucket = |e: &Entry| (e.id[0] >> (64 - bits)) as usize;
+    let bucket = |e: &Entry| bucket_of(bits, e.id);
     let mut starts = vec![0usize; (1 << bits) + 1];
     for (e, _) in entries.iter() {
         starts[bucket(e) + 1] += 1;
@@ -394,8 +400,7 @@ impl SeenIndex {
     /// (1.2 million inserts: 163 ms -> 151 ms). A run that has outgrown its
     /// bucket count gets a new directory.
     fn update_directory(&mut self, fresh: &[(Entry, u32)]) {
-        let buckets_wanted = (self.run.len() / BUCKET_ENTRIES).max(1);
-        if buckets_wanted.ilog2().min(32) != self.dir_bits || self.dir.is_empty() {
+        if dir_bits_for(self.run.len()) != self.dir_bits || self.dir.is_empty() {
             self.rebuild_directory();
             return;
         }
@@ -412,8 +417,7 @@ impl SeenIndex {
     }
 
     fn rebuild_directory(&mut self) {
-        let buckets_wanted = (self.run.len() / BUCKET_ENTRIES).max(1);
-        self.dir_bits = buckets_wanted.ilog2().min(32);
+        self.dir_bits = dir_bits_for(self.run.len());
         let buckets = 1usize << self.dir_bits;
         self.dir.clear();
         self.dir.reserve_exact(buckets + 1);
