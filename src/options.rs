@@ -60,6 +60,13 @@ pub struct Options {
     /// [`Store::snapshot`](crate::Store::snapshot)). Writers pause while
     /// the index is written to the page cache, not for its sync.
     pub snapshot_log_bytes: Option<u64>,
+    /// Under `Durability::Sync`, fill the newest log segment with zeros
+    /// ahead of its records, on a thread of the store's own, so that commit
+    /// syncs find the blocks they write allocated and write data alone
+    /// (DESIGN.md, "Zero-filled segments"; default `true`). Turn it off on
+    /// copy-on-write file systems (btrfs, ZFS), where every overwrite
+    /// allocates anyway and the zeros would be written for nothing.
+    pub zero_fill: bool,
     /// Time source, recorded in each batch record.
     pub clock: Arc<dyn Clock>,
     /// All file-system access goes through this.
@@ -79,6 +86,7 @@ impl Default for Options {
             batch_ttl: Some(WEEK),
             tombstone_ttl: None,
             snapshot_log_bytes: Some(32 << 20),
+            zero_fill: true,
             clock: Arc::new(SystemClock),
             storage: Arc::new(OsStorage),
         }
@@ -139,6 +147,13 @@ impl Options {
     #[must_use]
     pub fn snapshot_log_bytes(mut self, bytes: Option<u64>) -> Self {
         self.snapshot_log_bytes = bytes;
+        self
+    }
+
+    /// Sets [`Options::zero_fill`].
+    #[must_use]
+    pub fn zero_fill(mut self, zero_fill: bool) -> Self {
+        self.zero_fill = zero_fill;
         self
     }
 

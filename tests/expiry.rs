@@ -263,7 +263,9 @@ fn an_id_recorded_again_while_an_older_record_of_it_waits_for_its_sync_is_a_dupl
         .storage(Arc::new(storage.clone()))
         .clock(Arc::new(clock.clone()))
         .durability(idemkv::Durability::Sync)
-        .seen_ttl(Some(Duration::from_secs(1)));
+        .seen_ttl(Some(Duration::from_secs(1)))
+        // The held sync is B1's commit sync: no zero fill's sync before it.
+        .zero_fill(false);
     let store = Store::open("/db", options).unwrap();
     let first = Batch::new("B1").put("x", "kx", 1, "v");
     let mut large = Batch::new("B2").put("x", "kx", 1, "v");

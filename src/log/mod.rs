@@ -7,3 +7,4 @@ pub(crate) mod reader;
 pub(crate) mod segments;
 pub(crate) mod sync_gate;
 pub(crate) mod writer;
+pub(crate) mod zero_fill;

@@ -18,24 +18,52 @@ use parking_lot::Mutex;
 
 use crate::storage::StorageFile;
 
-#[derive(Debug, Default)]
+/// Called after each sync through the gate, outside it.
+pub(crate) type AfterSync = Box<dyn Fn() + Send + Sync>;
+
+#[derive(Default)]
 pub(crate) struct SyncGate {
     /// The first failure, once there was one.
     failed: Mutex<Option<String>>,
+    /// Told when a sync has returned: the disk is idle for a moment (the
+    /// zero filler's cue, `zero_fill.rs`).
+    after_sync: Option<AfterSync>,
+}
+
+impl std::fmt::Debug for SyncGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SyncGate")
+            .field("failed", &self.failed)
+            .finish_non_exhaustive()
+    }
 }
 
 impl SyncGate {
+    /// A gate that calls `after_sync` after each sync through it.
+    pub(crate) fn new(after_sync: Option<AfterSync>) -> Self {
+        Self {
+            failed: Mutex::default(),
+            after_sync,
+        }
+    }
+
     /// `file.sync_data()`, unless a sync through this gate failed before;
     /// holds the gate for the sync's whole duration.
     pub(crate) fn sync(&self, file: &dyn StorageFile) -> io::Result<()> {
-        let mut failed = self.failed.lock();
-        if let Some(first) = failed.as_ref() {
-            return Err(io::Error::other(format!(
-                "not synced: an earlier sync of the log failed ({first})"
-            )));
+        let synced = {
+            let mut failed = self.failed.lock();
+            if let Some(first) = failed.as_ref() {
+                return Err(io::Error::other(format!(
+                    "not synced: an earlier sync of the log failed ({first})"
+                )));
+            }
+            file.sync_data()
+                .inspect_err(|e| *failed = Some(e.to_string()))
+        };
+        if let Some(after_sync) = &self.after_sync {
+            after_sync();
         }
-        file.sync_data()
-            .inspect_err(|e| *failed = Some(e.to_string()))
+        synced
     }
 }
 

@@ -11,7 +11,9 @@
 //! the file's size unchanged and write data only (an fdatasync after an
 //! append must also write the new size). The unused part reads as zeros,
 //! which the reader takes for the end of the newest segment (DESIGN.md,
-//! "Preallocated segments").
+//! "Preallocated segments"). When commits sync, that part is also filled
+//! with zeros ahead of the records (`zero_fill.rs`), so that their syncs
+//! find the blocks allocated too.
 //!
 //! Rotation, in order: cut the full segment to the end of its last record
 //! and sync it (it is now sealed and never written again), create the next
@@ -23,6 +25,7 @@ use std::sync::Arc;
 
 use super::names::segment_file_name;
 use super::sync_gate::SyncGate;
+use super::zero_fill::{Reach, ZeroFill};
 use crate::error::{Error, Result};
 use crate::format::segment::{
     FRAME_HEADER_LEN, FileKind, SEGMENT_HEADER_LEN, encode_frame, encode_segment_header,
@@ -43,10 +46,15 @@ const PREALLOCATE_BYTES_MAX: u64 = 4 << 20;
 /// does not fit rotates to a new segment anyway unless it is alone in its
 /// segment.
 fn extent_for(end: u64, allocated: u64, segment_bytes_max: u64) -> u64 {
-    let step = (segment_bytes_max / 4).clamp(1, PREALLOCATE_BYTES_MAX);
+    let step = extension_step(segment_bytes_max);
     ((allocated / step + 1) * step)
         .min(segment_bytes_max)
         .max(end)
+}
+
+/// How much the active segment is extended by at a time.
+fn extension_step(segment_bytes_max: u64) -> u64 {
+    (segment_bytes_max / 4).clamp(1, PREALLOCATE_BYTES_MAX)
 }
 
 /// Creates segment `id` with its header, extended to `len` bytes, durably
@@ -119,9 +127,19 @@ pub(crate) struct LogWriter {
     buf: Vec<u8>,
     /// Every sync of the active segment, group commit's included.
     sync_gate: Arc<SyncGate>,
+    /// Fills the active segment with zeros ahead of the records, when
+    /// commits sync.
+    zero_fill: Option<ZeroFill>,
 }
 
 impl LogWriter {
+    /// A writer appending to segment `active_id` after its records, which
+    /// end at `active_len` in a file `allocated` bytes long; with
+    /// `zero_fill`, filling the file with zeros ahead of them.
+    ///
+    /// # Errors
+    /// `Io` if the filler's handle of the active segment does not open.
+    #[expect(clippy::too_many_arguments, reason = "one call site, in open")]
     pub(crate) fn new(
         dir: PathBuf,
         storage: Arc<dyn Storage>,
@@ -130,12 +148,13 @@ impl LogWriter {
         active_id: u32,
         active_len: u64,
         allocated: u64,
-    ) -> Self {
+        zero_fill: bool,
+    ) -> Result<Self> {
         assert!(
             active_len >= SEGMENT_HEADER_LEN as u64,
             "active segment has its header"
         );
-        Self {
+        let mut writer = Self {
             dir,
             storage,
             segment_bytes_max,
@@ -147,7 +166,28 @@ impl LogWriter {
             lsn: 0,
             buf: Vec::new(),
             sync_gate: Arc::default(),
+            zero_fill: None,
+        };
+        if zero_fill {
+            let reach = Reach::new(extension_step(segment_bytes_max));
+            let is_background = writer.storage.allows_background_io();
+            let file = writer.filler_handle()?;
+            let fill = ZeroFill::start(file, active_len, writer.allocated, reach, is_background);
+            if is_background {
+                writer.sync_gate = Arc::new(SyncGate::new(Some(Box::new(fill.cue()))));
+            }
+            writer.zero_fill = Some(fill);
         }
+        Ok(writer)
+    }
+
+    /// A handle of the active segment for the filler's own syncs (see
+    /// `zero_fill.rs`).
+    fn filler_handle(&self) -> Result<Arc<dyn StorageFile>> {
+        let path = self.dir.join(segment_file_name(self.active_id));
+        self.storage
+            .open(&path, OpenMode::Append)
+            .map_err(|e| Error::io("open", path, e))
     }
 
     /// The gate every sync of the active segment passes (see `sync_gate.rs`).
@@ -231,12 +271,24 @@ impl LogWriter {
         );
         let path = || self.dir.join(segment_file_name(self.active_id));
         let end = self.active_len + placed.record_len;
-        if end > self.allocated {
-            let len = extent_for(end, self.allocated, self.segment_bytes_max);
+        // Filling needs room ahead of the records: a step of it.
+        let lead = match self.zero_fill {
+            Some(_) => extension_step(self.segment_bytes_max),
+            None => 0,
+        };
+        let wanted = (end + lead).min(self.segment_bytes_max).max(end);
+        if wanted > self.allocated {
+            let len = extent_for(wanted, self.allocated, self.segment_bytes_max);
             self.active
                 .set_len(len)
                 .map_err(|e| Error::io("extend", path(), e))?;
             self.allocated = len;
+            if let Some(fill) = &self.zero_fill {
+                fill.extended(len);
+            }
+        }
+        if let Some(fill) = &self.zero_fill {
+            fill.will_write(self.active_len..end);
         }
         self.active
             .write_at(self.active_len, buf)
@@ -272,6 +324,9 @@ impl LogWriter {
     pub(crate) fn trim(&mut self) -> Result<()> {
         if self.allocated > self.active_len {
             let path = self.dir.join(segment_file_name(self.active_id));
+            if let Some(fill) = &self.zero_fill {
+                fill.will_truncate(self.active_len);
+            }
             self.active
                 .set_len(self.active_len)
                 .map_err(|e| Error::io("truncate", &path, e))?;
@@ -301,6 +356,12 @@ impl LogWriter {
         self.active_len = SEGMENT_HEADER_LEN as u64;
         self.allocated = len;
         self.active_anchor = (self.lsn, self.active_len);
+        if self.zero_fill.is_some() {
+            let handle = self.filler_handle()?;
+            if let Some(fill) = &self.zero_fill {
+                fill.switch_to(handle, self.active_len, len);
+            }
+        }
         Ok(file)
     }
 }

@@ -11,7 +11,11 @@
 //!   directory separately: syncing only the target's leaves both names.
 //! - A failed `sync_data` (injected, not a crash) forgets the file's unsynced
 //!   writes: they stay readable but never become durable, as Linux does after
-//!   an fsync error. Nothing is retried for the caller.
+//!   an fsync error. Nothing is retried for the caller. The next sync of
+//!   each other open handle of the file fails too, once (Linux reports a
+//!   write-back error to each file description).
+//! - Background I/O: none (`allows_background_io` is false), so that the
+//!   engine's operations come in the same order in every run.
 //! - Faults: fail the n-th operation of a kind with EIO or ENOSPC, once or
 //!   from then on; a write may first write a prefix of its buffer.
 //! - A crash at global operation n: that operation and every later one fail
@@ -59,6 +63,9 @@ pub enum OpKind {
     Open,
     /// `StorageFile::append` or `StorageFile::write_at`.
     Write,
+    /// `StorageFile::fill_zeros`: a write of zeros that fills space
+    /// ahead of later writes.
+    FillZeros,
     /// `StorageFile::sync_data`.
     SyncData,
     /// `StorageFile::set_len`.
@@ -240,6 +247,9 @@ struct Inode {
     mapped: usize,
     /// Writes and truncations since the last `sync_data`, oldest first.
     unsynced: Vec<Unsynced>,
+    /// Failed syncs of the file so far: each handle reports the ones it
+    /// has not reported yet at its next sync.
+    failed_syncs: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -746,11 +756,13 @@ impl Storage for FaultyStorage {
             }
             OpenMode::Append | OpenMode::Read => disk.ino_of(path)?,
         };
+        let failed_syncs = disk.inode(ino).failed_syncs;
         Ok(Arc::new(FaultyFile {
             shared: Arc::clone(&self.shared),
             ino,
             path: path.to_owned(),
             is_writable: mode != OpenMode::Read,
+            reported_failed_syncs: failed_syncs.into(),
         }))
     }
 
@@ -811,6 +823,12 @@ impl Storage for FaultyStorage {
             path: path.to_owned(),
         }))
     }
+
+    /// No: every operation comes from the threads the test drives, so that
+    /// a run's operations, counted once, can be cut at each index.
+    fn allows_background_io(&self) -> bool {
+        false
+    }
 }
 
 /// Releases a lock of the lock table when dropped.
@@ -832,6 +850,8 @@ struct FaultyFile {
     ino: usize,
     path: PathBuf,
     is_writable: bool,
+    /// The inode's `failed_syncs` as this handle last reported them.
+    reported_failed_syncs: std::sync::atomic::AtomicU64,
 }
 
 impl fmt::Debug for FaultyFile {
@@ -844,14 +864,17 @@ impl fmt::Debug for FaultyFile {
 }
 
 impl FaultyFile {
-    /// Writes `buf` at `at` (the end of the file if `None`), through the gate.
-    fn write(&self, at: Option<u64>, buf: &[u8]) -> io::Result<()> {
+    /// Writes `buf` at `at` (the end of the file if `None`), through the
+    /// gate, as an operation of `kind`: `Write`, or `FillZeros`, which a
+    /// later `map` does not show (as it does not show space `set_len`
+    /// added: a real map shows what is written there later).
+    fn write(&self, at: Option<u64>, buf: &[u8], kind: OpKind) -> io::Result<()> {
         let mut disk = self.shared.disk.lock();
         let at = at.unwrap_or(disk.inode(self.ino).current.len() as u64);
         let gate = gate(
             &self.shared,
             &mut disk,
-            OpKind::Write,
+            kind,
             &self.path,
             at,
             buf.len() as u64,
@@ -872,7 +895,9 @@ impl FaultyFile {
         if !written.is_empty() {
             let inode = disk.inode_mut(self.ino);
             write_at(&mut inode.current, at, written);
-            inode.mapped = inode.mapped.max(to_usize(at) + written.len());
+            if kind == OpKind::Write {
+                inode.mapped = inode.mapped.max(to_usize(at) + written.len());
+            }
             inode.unsynced.push(Unsynced::Write {
                 at,
                 bytes: written.to_vec(),
@@ -901,11 +926,27 @@ impl StorageFile for FaultyFile {
     }
 
     fn append(&self, buf: &[u8]) -> io::Result<()> {
-        self.write(None, buf)
+        self.write(None, buf, OpKind::Write)
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
-        self.write(Some(offset), buf)
+        self.write(Some(offset), buf, OpKind::Write)
+    }
+
+    /// One `FillZeros` operation; a fill past the file's length is the
+    /// caller's bug, refused.
+    fn fill_zeros(&self, offset: u64, len: u64) -> io::Result<()> {
+        let file_len = {
+            let disk = self.shared.disk.lock();
+            disk.inode(self.ino).current.len() as u64
+        };
+        if offset.saturating_add(len) > file_len {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("zeros past the end of {}", self.path.display()),
+            ));
+        }
+        self.write(Some(offset), &vec![0; to_usize(len)], OpKind::FillZeros)
     }
 
     fn sync_data(&self) -> io::Result<()> {
@@ -922,11 +963,20 @@ impl StorageFile for FaultyFile {
             None,
         );
         let inode = disk.inode_mut(self.ino);
+        let reported = self
+            .reported_failed_syncs
+            .swap(inode.failed_syncs, std::sync::atomic::Ordering::SeqCst);
         let result = match gate {
             Gate::Go => {
                 inode.durable = replay(&inode.durable, &inode.unsynced, u64::MAX);
                 inode.unsynced.clear();
-                Ok(())
+                if reported < inode.failed_syncs {
+                    // Another handle's sync failed since this one's last:
+                    // its pages may be lost, and this handle hears of it.
+                    Err(io::Error::from_raw_os_error(5))
+                } else {
+                    Ok(())
+                }
             }
             Gate::Fail {
                 error, is_crash, ..
@@ -935,6 +985,9 @@ impl StorageFile for FaultyFile {
                     // An fsync error drops the dirty pages' write-back: what
                     // was unsynced stays readable but never reaches the disk.
                     inode.unsynced.clear();
+                    inode.failed_syncs += 1;
+                    self.reported_failed_syncs
+                        .store(inode.failed_syncs, std::sync::atomic::Ordering::SeqCst);
                 }
                 Err(error)
             }

@@ -51,7 +51,18 @@ pub trait Storage: Send + Sync + fmt::Debug {
     /// the returned guard drops or the process dies. A lock already held, by
     /// this process or another, is `ErrorKind::WouldBlock`.
     fn lock(&self, path: &Path) -> io::Result<Box<dyn Any + Send + Sync>>;
+    /// Whether the engine may do I/O on a thread of its own (filling the
+    /// log with zeros ahead of its records, `log/zero_fill.rs`). A storage
+    /// that says no gets that I/O on the caller's thread instead, so that
+    /// its operations come in the same order in every run.
+    fn allows_background_io(&self) -> bool {
+        true
+    }
 }
+
+/// Zeros for [`StorageFile::fill_zeros`]' default, written from here a
+/// piece at a time.
+static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 
 /// An open file.
 #[expect(
@@ -68,7 +79,27 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
     /// its records this way into a segment extended ahead of them
     /// (DESIGN.md, "Preallocated segments").
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()>;
-    /// Makes the file's data durable.
+    /// Writes zeros over `len` bytes at `offset`, inside the file's
+    /// length: the file system allocates and writes those blocks now, so
+    /// that a later `write_at` there and its `sync_data` write data alone
+    /// (DESIGN.md, "Zero-filled segments"). The default writes from a
+    /// static buffer of zeros.
+    fn fill_zeros(&self, offset: u64, len: u64) -> io::Result<()> {
+        let mut at = offset;
+        let end = offset.saturating_add(len);
+        while at < end {
+            let piece = (end - at).min(ZEROS.len() as u64);
+            let zeros = ZEROS
+                .get(..piece as usize)
+                .expect("a piece is at most the buffer");
+            self.write_at(at, zeros)?;
+            at += piece;
+        }
+        Ok(())
+    }
+    /// Makes the file's data durable. A failed write-back of any of the
+    /// file's pages is reported to the next sync of each open handle of the
+    /// file, once, as Linux does for each file description.
     fn sync_data(&self) -> io::Result<()>;
     /// Starts writing `len` bytes at `offset` back to the disk and returns
     /// at once: a hint that a `sync_data` follows, so that the disk works

@@ -218,7 +218,8 @@ impl Store {
             active.id,
             active.valid_len,
             allocated.unwrap_or(active.valid_len),
-        );
+            options.zero_fill && options.durability == crate::options::Durability::Sync,
+        )?;
         let commit = GroupCommit::new(Arc::clone(log.sync_gate()));
         let last_snapshot_bytes = match recovered.snapshot {
             Some(Ok(bytes)) => bytes,
