@@ -143,13 +143,17 @@ impl ZeroFill {
             }),
             changed: Condvar::new(),
         });
-        let thread = is_background.then(|| {
-            let shared = Arc::clone(&shared);
-            std::thread::Builder::new()
+        let thread = if is_background {
+            let filler = Arc::clone(&shared);
+            let spawned = std::thread::Builder::new()
                 .name("idemkv-zero-fill".into())
-                .spawn(move || run(&shared))
-                .expect("spawn the zero-fill thread")
-        });
+                .spawn(move || run(&filler));
+            // Without a thread of its own the store does without filling.
+            shared.fill.lock().is_stopped = spawned.is_err();
+            spawned.ok()
+        } else {
+            None
+        };
         Self { shared, thread }
     }
 
