@@ -65,7 +65,9 @@ pub struct Options {
     /// syncs find the blocks they write allocated and write data alone
     /// (DESIGN.md, "Zero-filled segments"; default `true`). Turn it off on
     /// copy-on-write file systems (btrfs, ZFS), where every overwrite
-    /// allocates anyway and the zeros would be written for nothing.
+    /// allocates anyway and the zeros would be written for nothing. Linux
+    /// only: it relies on Linux reporting a write-back error to every open
+    /// file description.
     pub zero_fill: bool,
     /// Time source, recorded in each batch record.
     pub clock: Arc<dyn Clock>,

@@ -167,9 +167,10 @@ impl SeedStore {
                     .filter(|(n, _)| n != "SNAPSHOT")
                     .collect();
                 if self == SeedStore::TornTail {
+                    // Nine bytes off the last record, past the zeros after it.
                     let last = files.last_mut().expect("a segment");
-                    let cut = last.1.len() - 9;
-                    last.1.truncate(cut);
+                    let records_end = last.1.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+                    last.1.truncate(records_end - 9);
                 }
                 files
             }

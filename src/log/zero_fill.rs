@@ -25,7 +25,9 @@
 //! write-back to the next sync of each file description, so the commit
 //! syncs, which pass the sync gate on the writer's handle, still hear of a
 //! failure the filler's sync saw first; the filler's syncs need not pass
-//! the gate and run beside theirs. A failed fill only stops the filling.
+//! the gate and run beside theirs. A failed fill only stops the filling;
+//! opening the filler's handle, though, is part of opening the store or
+//! rotating the log, and fails them as any of their file operations would.
 //!
 //! A storage that wants all I/O on the caller's thread (the fault tests')
 //! gets the same fills inline: before each record is written, the chunks
@@ -176,9 +178,11 @@ impl ZeroFill {
     pub(crate) fn cue(&self) -> impl Fn() + Send + Sync + 'static {
         let shared = Arc::clone(&self.shared);
         move || {
+            // Only for a chunk due now: a cue that finds none (or one being
+            // filled) is not kept for later, when the disk may be busy.
             let mut fill = shared.fill.lock();
-            fill.is_disk_idle = true;
             if fill.next_chunk().is_some() {
+                fill.is_disk_idle = true;
                 shared.changed.notify_all();
             }
         }
@@ -215,21 +219,14 @@ impl ZeroFill {
         fill.filled_to = records_end;
         self.shared.changed.notify_all();
     }
-
-    /// Fills no more; returns once no chunk is being filled.
-    fn stop(&self) {
-        let mut fill = self.shared.fill.lock();
-        fill.is_stopped = true;
-        self.shared.changed.notify_all();
-        while fill.claimed.is_some() {
-            self.shared.changed.wait(&mut fill);
-        }
-    }
 }
 
 impl Drop for ZeroFill {
+    /// Stops the filling thread and waits for it (and so for a chunk it
+    /// is filling).
     fn drop(&mut self) {
-        self.stop();
+        self.shared.fill.lock().is_stopped = true;
+        self.shared.changed.notify_all();
         if let Some(thread) = self.thread.take() {
             // A panic there is a bug already reported on that thread.
             let _ = thread.join();

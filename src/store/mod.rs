@@ -218,7 +218,11 @@ impl Store {
             active.id,
             active.valid_len,
             allocated.unwrap_or(active.valid_len),
-            options.zero_fill && options.durability == crate::options::Durability::Sync,
+            // Linux reports a write-back error to every file description
+            // (the filler's own handle relies on it, see `zero_fill.rs`).
+            cfg!(target_os = "linux")
+                && options.zero_fill
+                && options.durability == crate::options::Durability::Sync,
         )?;
         let commit = GroupCommit::new(Arc::clone(log.sync_gate()));
         let last_snapshot_bytes = match recovered.snapshot {
