@@ -78,7 +78,8 @@ struct Fill {
     filled_to: u64,
     /// The chunk being filled.
     claimed: Option<Range<u64>>,
-    /// A sync of the log returned since the last chunk started.
+    /// A sync of the log returned with a chunk due, since the last chunk
+    /// started.
     is_disk_idle: bool,
     /// The writer is gone, or a fill failed.
     is_stopped: bool,
@@ -357,10 +358,14 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_writer_waits_for_a_chunk_being_filled_where_it_writes() {
-        let (storage, _file, filler) = setup();
-        let fill = ZeroFill::start(filler, 0, LEN, REACH, true);
+    /// Holds the filling thread in the write of its first chunk, runs
+    /// `call` on another thread, and asserts that it returns only once the
+    /// chunk is let go.
+    fn assert_waits_for_the_chunk_being_filled(
+        storage: &FaultyStorage,
+        fill: &ZeroFill,
+        call: impl FnOnce() + Send,
+    ) {
         storage.pause_next(OpKind::FillZeros);
         fill.cue()();
         storage
@@ -368,15 +373,24 @@ mod tests {
             .expect("a chunk is being filled");
         let is_through = AtomicBool::new(false);
         std::thread::scope(|scope| {
-            let writer = scope.spawn(|| {
-                fill.will_write(0..REACH.gap + 1);
+            let caller = scope.spawn(|| {
+                call();
                 is_through.store(true, Ordering::SeqCst);
             });
             std::thread::sleep(Duration::from_millis(100));
             let is_early = is_through.load(Ordering::SeqCst);
             storage.resume();
-            writer.join().unwrap();
-            assert!(!is_early, "the writer waits");
+            caller.join().unwrap();
+            assert!(!is_early, "it waits for the chunk");
+        });
+    }
+
+    #[test]
+    fn a_writer_waits_for_a_chunk_being_filled_where_it_writes() {
+        let (storage, _file, filler) = setup();
+        let fill = ZeroFill::start(filler, 0, LEN, REACH, true);
+        assert_waits_for_the_chunk_being_filled(&storage, &fill, || {
+            fill.will_write(0..REACH.gap + 1);
         });
     }
 
@@ -384,23 +398,7 @@ mod tests {
     fn a_cut_waits_for_the_chunk_being_filled_and_nothing_is_filled_past_it() {
         let (storage, file, filler) = setup();
         let fill = ZeroFill::start(filler, 0, LEN, REACH, true);
-        storage.pause_next(OpKind::FillZeros);
-        fill.cue()();
-        storage
-            .wait_until_paused(TIMEOUT)
-            .expect("a chunk is being filled");
-        let is_through = AtomicBool::new(false);
-        std::thread::scope(|scope| {
-            let cut = scope.spawn(|| {
-                fill.will_truncate(100);
-                is_through.store(true, Ordering::SeqCst);
-            });
-            std::thread::sleep(Duration::from_millis(100));
-            let is_early = is_through.load(Ordering::SeqCst);
-            storage.resume();
-            cut.join().unwrap();
-            assert!(!is_early, "the cut waits");
-        });
+        assert_waits_for_the_chunk_being_filled(&storage, &fill, || fill.will_truncate(100));
         file.set_len(100).unwrap();
         fill.extended(50);
         fill.cue()();
