@@ -356,11 +356,8 @@ impl LogWriter {
         self.active_len = SEGMENT_HEADER_LEN as u64;
         self.allocated = len;
         self.active_anchor = (self.lsn, self.active_len);
-        if self.zero_fill.is_some() {
-            let handle = self.filler_handle()?;
-            if let Some(fill) = &self.zero_fill {
-                fill.switch_to(handle, self.active_len, len);
-            }
+        if let Some(fill) = &self.zero_fill {
+            fill.switch_to(self.filler_handle()?, self.active_len, len);
         }
         Ok(file)
     }
