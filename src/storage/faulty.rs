@@ -299,6 +299,8 @@ enum Pause {
 struct Shared {
     disk: Mutex<Disk>,
     pause: Condvar,
+    /// See [`FaultyStorage::allow_background_io`].
+    allows_background_io: std::sync::atomic::AtomicBool,
 }
 
 /// What the gate decided for one operation.
@@ -592,6 +594,16 @@ impl FaultyStorage {
         }
     }
 
+    /// Lets stores on this disk do I/O on threads of their own (filling
+    /// log segments with zeros, installing snapshots), which by default
+    /// they do on the caller's thread. For tests of that background work;
+    /// their operations no longer come in the same order in every run.
+    pub fn allow_background_io(&self) {
+        self.shared
+            .allows_background_io
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// Lets a held operation go on (and disarms a pause not yet reached).
     pub fn resume(&self) {
         self.shared.disk.lock().pause = None;
@@ -641,7 +653,7 @@ impl FaultyStorage {
         FaultyStorage {
             shared: Arc::new(Shared {
                 disk: Mutex::new(image),
-                pause: Condvar::new(),
+                ..Shared::default()
             }),
         }
     }
@@ -824,10 +836,13 @@ impl Storage for FaultyStorage {
         }))
     }
 
-    /// No: every operation comes from the threads the test drives, so that
-    /// a run's operations, counted once, can be cut at each index.
+    /// No unless [`allow_background_io`](FaultyStorage::allow_background_io)
+    /// was called: every operation comes from the threads the test drives,
+    /// so that a run's operations, counted once, can be cut at each index.
     fn allows_background_io(&self) -> bool {
-        false
+        self.shared
+            .allows_background_io
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 

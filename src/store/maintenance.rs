@@ -1,13 +1,17 @@
 //! Compaction, snapshots and closing: the store's work that is not a batch.
 //!
 //! All of it runs under the `maintenance` lock, one at a time, and never
-//! holds the writer or index lock longer than a cut or a switch.
+//! holds the writer or index lock longer than a cut, a switch or the
+//! writing of a snapshot. An automatic snapshot is installed (synced and
+//! renamed into place) by the installer's thread after its caller returns;
+//! whoever takes the maintenance lock next waits for that install first.
 
 use std::io;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::Store;
+use super::installer::{Finished, Install, LogToSync};
+use super::{Store, Writer};
 use crate::compaction::{self, CompactionReport};
 use crate::error::{Error, Result};
 use crate::format::segment::FileKind;
@@ -15,6 +19,7 @@ use crate::format::state::StateEnd;
 use crate::index::Index;
 use crate::index::expiry::Ttls;
 use crate::log::names::{SNAPSHOT_FILE, TMP_SUFFIX, segment_file_name};
+use crate::options::Durability;
 use crate::state_file::{self, Values};
 
 /// Log bytes below which a clean close writes no snapshot: replaying them
@@ -35,7 +40,7 @@ impl Store {
     /// `Io` or `Poisoned` when the disk fails; `Corruption` if a sealed
     /// segment fails its checksum.
     pub fn compact(&self) -> Result<CompactionReport> {
-        let _maintenance = self.maintenance.lock();
+        let _maintenance = self.lock_maintenance();
         let started = Instant::now();
         let storage = self.options.storage.as_ref();
         let bytes_before = self.maps.disk_bytes().0 + self.snapshot_bytes();
@@ -148,71 +153,117 @@ impl Store {
     }
 
     /// Writes a snapshot of the index, so that the next `open` replays only
-    /// the log written after it. Writers wait while the index is written out
-    /// (to the page cache); the file's sync and rename happen after they
-    /// resume.
+    /// the log written after it, and returns once it is durable. Writers
+    /// wait while the index is written out (to the page cache); the file's
+    /// sync and rename happen after they resume.
     ///
     /// # Errors
     /// `Io` or `Poisoned` when the disk fails.
     pub fn snapshot(&self) -> Result<()> {
-        let _maintenance = self.maintenance.lock();
-        self.snapshot_locked()
+        let _maintenance = self.lock_maintenance();
+        self.snapshot_locked()?;
+        self.settle_install()
     }
 
     /// Writes a snapshot if enough log was written since the last one (see
     /// [`Options::snapshot_log_bytes`](crate::Options::snapshot_log_bytes)),
-    /// unless compaction or another snapshot is running. Called after a
-    /// batch committed; a failure here is not the batch's (a failed sync
-    /// still poisons the store).
+    /// unless compaction or another snapshot is running, and leaves its
+    /// install to the installer. Called after a batch committed; a failure
+    /// here is not the batch's (a failed sync of the log still poisons the
+    /// store).
     pub(super) fn snapshot_if_due(&self) {
         let Some(_maintenance) = self.maintenance.try_lock() else {
             return;
         };
-        if self.is_snapshot_due(&self.writer.lock()) {
+        let _ = self.settle_install();
+        if self.is_snapshot_due(&mut self.writer.lock()) {
             let _ = self.snapshot_locked();
         }
     }
 
-    /// Whether `apply_batch` should write a snapshot now: the log since the
-    /// last one reached `snapshot_log_bytes` and that snapshot's size, so
-    /// that snapshots never write more bytes than the log they spare.
-    pub(super) fn is_snapshot_due(&self, writer: &super::Writer) -> bool {
+    /// Whether `apply_batch` should write a snapshot now: no install is
+    /// running, and the log since the last snapshot reached
+    /// `snapshot_log_bytes` and that snapshot's size, so that snapshots
+    /// never write more bytes than the log they spare. Notes an install
+    /// that has ended.
+    pub(super) fn is_snapshot_due(&self, writer: &mut Writer) -> bool {
+        if self.installer.is_outstanding() {
+            match self.installer.take_finished() {
+                Some(finished) => {
+                    let _ = note_installed(writer, finished);
+                }
+                None => return false,
+            }
+        }
         self.options.snapshot_log_bytes.is_some_and(|every| {
             writer.unsaved_log_bytes() >= every.max(writer.last_snapshot_bytes)
         })
     }
 
+    /// Takes the maintenance lock, once the running install has ended.
+    pub(super) fn lock_maintenance(&self) -> parking_lot::MutexGuard<'_, ()> {
+        let maintenance = self.maintenance.lock();
+        // An automatic snapshot's failure is not this caller's.
+        let _ = self.settle_install();
+        maintenance
+    }
+
+    /// Waits for the running install and notes how it ended; its error, if
+    /// it failed.
+    fn settle_install(&self) -> Result<()> {
+        match self.installer.settle() {
+            Some(finished) => note_installed(&mut self.writer.lock(), finished),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes `SNAPSHOT.tmp` and starts its install.
     fn snapshot_locked(&self) -> Result<()> {
         self.commit.check()?;
-        // Sync the bulk of the active segment (under `Buffered`, up to a
-        // segment of dirty pages) before writers are held back; the sync
-        // under the writer lock then only flushes what came since.
-        let (active, active_id, sync_gate) = {
-            let writer = self.writer.lock();
-            (
-                Arc::clone(writer.log.active_file()),
-                writer.log.position().0,
-                Arc::clone(writer.log.sync_gate()),
-            )
-        };
-        sync_gate
-            .sync(active.as_ref())
-            .map_err(|e| Error::io("sync", self.dir.join(segment_file_name(active_id)), e))
-            .inspect_err(|e| self.poison("snapshot sync failed", e))?;
-        let (file, lsn) = {
+        // Under `Sync` the snapshot may only cover what is durable and
+        // published, so the log is synced before the index is written out.
+        // Under `Buffered` every batch written is in the index already: the
+        // install syncs the log, before the snapshot goes in place.
+        let is_log_synced_first = self.options.durability == Durability::Sync;
+        if is_log_synced_first {
+            // The bulk first, before writers are held back; the sync under
+            // the writer lock then only flushes what came since.
+            let (active, active_id, sync_gate) = {
+                let writer = self.writer.lock();
+                (
+                    Arc::clone(writer.log.active_file()),
+                    writer.log.position().0,
+                    Arc::clone(writer.log.sync_gate()),
+                )
+            };
+            sync_gate
+                .sync(active.as_ref())
+                .map_err(|e| Error::io("sync", self.dir.join(segment_file_name(active_id)), e))
+                .inspect_err(|e| self.poison("snapshot sync failed", e))?;
+        }
+        let (file, lsn, log) = {
             let mut guard = self.writer.lock();
             let writer = &mut *guard;
             self.commit.check()?;
-            // The snapshot may only cover what is durable and published.
             let (segment, offset, lsn) = writer.log.position();
             let path = self.dir.join(segment_file_name(segment));
-            writer
-                .log
-                .sync_gate()
-                .sync(writer.log.active_file().as_ref())
-                .map_err(|e| Error::io("sync", path, e))
-                .inspect_err(|e| self.poison("snapshot sync failed", e))?;
-            self.publish_locked(writer, lsn);
+            let log = if is_log_synced_first {
+                writer
+                    .log
+                    .sync_gate()
+                    .sync(writer.log.active_file().as_ref())
+                    .map_err(|e| Error::io("sync", &path, e))
+                    .inspect_err(|e| self.poison("snapshot sync failed", e))?;
+                self.publish_locked(writer, lsn);
+                None
+            } else {
+                Some(LogToSync {
+                    file: Arc::clone(writer.log.active_file()),
+                    path,
+                    sync_gate: Arc::clone(writer.log.sync_gate()),
+                    commit: Arc::clone(&self.commit),
+                })
+            };
             let first_segment = self.maps.first_id().unwrap_or(segment);
             let index = self.index.read();
             let end = StateEnd {
@@ -221,12 +272,17 @@ impl Store {
                 first_segment,
                 ..StateEnd::default()
             };
-            (self.write_snapshot_tmp(&index, end)?, lsn)
+            (self.write_snapshot_tmp(&index, end)?, lsn, log)
         };
-        let bytes = self.install_snapshot(file.as_ref())?;
-        let mut writer = self.writer.lock();
-        writer.saved_at(lsn);
-        writer.last_snapshot_bytes = bytes;
+        self.installer.start(Install {
+            storage: Arc::clone(&self.options.storage),
+            file,
+            tmp: self.snapshot_tmp_path(),
+            path: self.dir.join(SNAPSHOT_FILE),
+            dir: self.dir.clone(),
+            lsn,
+            log,
+        });
         Ok(())
     }
 
@@ -238,6 +294,7 @@ impl Store {
     /// As [`Store::snapshot`], or `Io` if the cut fails; the store is closed
     /// either way.
     pub fn close(self) -> Result<()> {
+        let _ = self.settle_install();
         let snapshot = if self.is_snapshot_worth_writing() {
             self.snapshot()
         } else {
@@ -287,20 +344,6 @@ impl Store {
         )
     }
 
-    /// Syncs `SNAPSHOT.tmp` and renames it to `SNAPSHOT`; returns its size.
-    fn install_snapshot(&self, file: &dyn crate::storage::StorageFile) -> Result<u64> {
-        let tmp = self.snapshot_tmp_path();
-        file.sync_data().map_err(|e| Error::io("sync", &tmp, e))?;
-        let bytes = file.len().map_err(|e| Error::io("stat", &tmp, e))?;
-        let path = self.dir.join(SNAPSHOT_FILE);
-        self.options
-            .storage
-            .rename(&tmp, &path)
-            .map_err(|e| Error::io("rename", &tmp, e))?;
-        self.sync_dir()?;
-        Ok(bytes)
-    }
-
     /// Bytes of the snapshot file, if there is one.
     pub(super) fn snapshot_bytes(&self) -> u64 {
         let path = self.dir.join(SNAPSHOT_FILE);
@@ -342,10 +385,20 @@ impl Drop for Store {
     /// takes a segment's unused preallocated space for its end.
     fn drop(&mut self) {
         if !self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            let _ = self.settle_install();
             if self.is_snapshot_worth_writing() {
                 let _ = self.snapshot();
             }
             let _ = self.trim_log();
         }
     }
+}
+
+/// Notes an install's end in the writer's count of log bytes since the
+/// last snapshot; its error, if it failed (the snapshot is due again).
+fn note_installed(writer: &mut Writer, (lsn, installed): Finished) -> Result<()> {
+    let bytes = installed?;
+    writer.saved_at(lsn);
+    writer.last_snapshot_bytes = bytes;
+    Ok(())
 }

@@ -14,6 +14,7 @@
 //! `Durability::Buffered` as soon as it is written.
 
 mod group_commit;
+mod installer;
 mod maintenance;
 mod pending;
 mod types;
@@ -54,9 +55,11 @@ pub struct Store {
     index: RwLock<Index>,
     maps: SegmentMaps,
     writer: Mutex<Writer>,
-    commit: GroupCommit,
+    commit: Arc<GroupCommit>,
     /// Serialises compaction, snapshots and verify.
     maintenance: Mutex<()>,
+    /// Syncs and renames automatic snapshots into place (under `maintenance`).
+    installer: installer::Installer,
     /// Set by `close`, so that drop does not write a second snapshot.
     closed: AtomicBool,
     opened: OpenReport,
@@ -224,7 +227,7 @@ impl Store {
                 && options.zero_fill
                 && options.durability == crate::options::Durability::Sync,
         )?;
-        let commit = GroupCommit::new(Arc::clone(log.sync_gate()));
+        let commit = Arc::new(GroupCommit::new(Arc::clone(log.sync_gate())));
         let last_snapshot_bytes = match recovered.snapshot {
             Some(Ok(bytes)) => bytes,
             _ => 0,
@@ -243,6 +246,7 @@ impl Store {
             }),
             commit,
             maintenance: Mutex::new(()),
+            installer: installer::Installer::new(storage.allows_background_io()),
             closed: AtomicBool::new(false),
             opened: OpenReport {
                 torn_bytes_discarded: recovered.torn_bytes,
@@ -404,7 +408,7 @@ impl Store {
     /// # Errors
     /// `Corruption` naming segment and offset at the first bad byte.
     pub fn verify(&self) -> Result<VerifyReport> {
-        let _maintenance = self.maintenance.lock();
+        let _maintenance = self.lock_maintenance();
         let _writer = self.writer.lock();
         verify_report(recovery::verify(self.options.storage.as_ref(), &self.dir)?)
     }
