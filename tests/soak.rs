@@ -24,7 +24,9 @@
 //!   (both keys of a pair equal, the counters equal to the adds of exactly
 //!   those batches), bracketed by the checkpoints read before and after, and
 //!   never going back.
-//! - A maintenance thread that compacts or snapshots every few hundred ms.
+//! - A maintenance thread that compacts or snapshots every few hundred ms;
+//!   the writers' batches also trigger automatic snapshots (1 MiB of log),
+//!   installed on the store's own thread.
 //!
 //! Any violation in the child prints `FAILURE`, records it in a file and
 //! aborts. After each child ends (killed, or now and then stopped and closed
@@ -79,6 +81,10 @@ const SEGMENT_BYTES_MAX: u64 = 256 << 10;
 /// default TTLs), so memory and open time would otherwise grow for hours.
 const GENERATION_BATCHES: u64 = 500_000;
 
+/// Log bytes after which a batch makes an automatic snapshot due (and at
+/// least the last snapshot's size).
+const SNAPSHOT_LOG_BYTES: u64 = 1 << 20;
+
 const SHORT_SECS: u64 = 25;
 /// How often a long soak prints where it is.
 const REPORT_EVERY: Duration = Duration::from_secs(300);
@@ -88,6 +94,9 @@ fn options() -> Options {
     Options::default()
         .durability(Durability::Sync)
         .segment_bytes_max(SEGMENT_BYTES_MAX)
+        // Automatic snapshots every few seconds as well, so that kills also
+        // land while one is installed on the store's own thread.
+        .snapshot_log_bytes(Some(SNAPSHOT_LOG_BYTES))
 }
 
 // ---------------------------------------------------------------------------
