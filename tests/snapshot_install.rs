@@ -2,15 +2,16 @@
 //! "Snapshots"): the batch that makes one due writes `SNAPSHOT.tmp` and
 //! returns; a thread of the store's own syncs it and renames it into place.
 //! Writers go on meanwhile, maintenance waits for the install, a failed
-//! install leaves the snapshot due without failing any batch, and under
-//! `Buffered` the install syncs the log first, poisoning the store if that
-//! sync fails.
+//! install fails no batch and is tried again after as much log again, and
+//! under `Buffered` the install syncs the log first, poisoning the store if
+//! that sync fails. The last two run with installs on the caller's thread
+//! (as `FaultyStorage` has them by default) and on the store's own.
 
 #![cfg(feature = "testing")]
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use idemkv::storage::{Fault, FaultError, FaultyStorage, OpKind};
@@ -64,31 +65,83 @@ fn has_file(storage: &FaultyStorage, path: &PathBuf) -> bool {
     storage.files().contains(path)
 }
 
+fn is_segment(path: &std::path::Path) -> bool {
+    path.extension() == Some("seg".as_ref())
+}
+
+/// Operations that wrote to `SNAPSHOT.tmp` so far.
+fn snapshot_writes(storage: &FaultyStorage) -> usize {
+    let tmp = dir().join("SNAPSHOT.tmp");
+    storage
+        .ops()
+        .iter()
+        .filter(|o| o.kind == OpKind::Write && o.path == tmp)
+        .count()
+}
+
+/// Renames tried so far (each install tries one).
+fn renames(storage: &FaultyStorage) -> usize {
+    storage
+        .ops()
+        .iter()
+        .filter(|o| o.kind == OpKind::Rename)
+        .count()
+}
+
+fn storage(is_background: bool) -> FaultyStorage {
+    let storage = FaultyStorage::new();
+    if is_background {
+        storage.allow_background_io();
+    }
+    storage
+}
+
 #[test]
 fn writers_go_on_while_a_snapshot_is_installed_and_maintenance_waits_for_it() {
-    let storage = FaultyStorage::new();
-    storage.allow_background_io();
+    // The first install held at its first step (under `Buffered` with one
+    // segment, the first data sync after open is the install's sync of the
+    // log), then at its last (the rename, outside the sync gate, which a
+    // compaction's rotation would wait for anyway).
+    for step in [OpKind::SyncData, OpKind::Rename] {
+        install_held_at(step);
+    }
+}
+
+fn install_held_at(step: OpKind) {
+    const AFTER_HELD: usize = 20;
+    let storage = storage(true);
     let store = Store::open(dir(), options(&storage)).expect("open");
-    // Holds the first install at its rename: the snapshot is written and
-    // synced, not yet in place.
-    storage.pause_next(OpKind::Rename);
-    let applied = AtomicUsize::new(0);
+    storage.pause_next(step);
+    let is_held = AtomicBool::new(false);
     let compacted = AtomicBool::new(false);
-    let (held, applied_while_held, compaction_waited, writes, compaction) =
+    let (held, writer_done_while_held, compaction_waited, writes, compaction) =
         std::thread::scope(|scope| {
+            // Writes until a batch writes a snapshot, waits for its install
+            // to be held, then writes `AFTER_HELD` more (all in one segment:
+            // a rotation would wait for the held sync).
             let writer = scope.spawn(|| {
-                for i in 0..BATCHES {
+                let mut i = 0;
+                while snapshot_writes(&storage) == 0 && i < BATCHES {
                     store.apply_batch(&batch(i))?;
-                    applied.fetch_add(1, Ordering::SeqCst);
+                    i += 1;
                 }
-                Ok::<_, Error>(())
+                let deadline = Instant::now() + TIMEOUT;
+                while !is_held.load(Ordering::SeqCst) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                for _ in 0..AFTER_HELD {
+                    store.apply_batch(&batch(i))?;
+                    i += 1;
+                }
+                Ok::<_, Error>(i)
             });
             let held = storage.wait_until_paused(TIMEOUT);
+            is_held.store(true, Ordering::SeqCst);
             let deadline = Instant::now() + TIMEOUT;
-            while applied.load(Ordering::SeqCst) < BATCHES && Instant::now() < deadline {
+            while !writer.is_finished() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(1));
             }
-            let applied_while_held = applied.load(Ordering::SeqCst);
+            let writer_done_while_held = writer.is_finished();
             let compactor = scope.spawn(|| {
                 let report = store.compact();
                 compacted.store(true, Ordering::SeqCst);
@@ -103,28 +156,32 @@ fn writers_go_on_while_a_snapshot_is_installed_and_maintenance_waits_for_it() {
             let compaction = compactor.join().expect("compaction thread");
             (
                 held,
-                applied_while_held,
+                writer_done_while_held,
                 compaction_waited,
                 writes,
                 compaction,
             )
         });
-    let held = held.expect("an automatic snapshot's install reaches its rename");
-    writes.expect("every batch applies");
-    assert_eq!(
-        applied_while_held, BATCHES,
-        "the writer finished while the install was held"
+    let held = held.expect("an automatic snapshot's install reaches the step");
+    let ops = storage.ops();
+    let held_op = ops.iter().find(|o| o.index == held).expect("held op");
+    let held_file = held_op.path.file_name().and_then(|n| n.to_str());
+    match step {
+        OpKind::SyncData => assert!(is_segment(&held_op.path), "held {held_op:?}"),
+        _ => assert_eq!(held_file, Some("SNAPSHOT.tmp"), "held {held_op:?}"),
+    }
+    assert!(
+        writer_done_while_held,
+        "{step:?}: the writer applied {AFTER_HELD} batches while the install was held"
     );
-    let appends_after = storage
-        .ops()
+    let batches = writes.expect("every batch applies");
+    let appends_after = ops
         .iter()
-        .filter(|o| {
-            o.index > held && o.kind == OpKind::Write && o.path.extension() == Some("seg".as_ref())
-        })
+        .filter(|o| o.index > held && o.kind == OpKind::Write && is_segment(&o.path))
         .count();
     assert!(
-        appends_after >= 20,
-        "{appends_after} records appended while the install was held"
+        appends_after >= AFTER_HELD,
+        "{step:?}: {appends_after} records appended while the install was held"
     );
     assert!(
         compaction_waited,
@@ -133,90 +190,125 @@ fn writers_go_on_while_a_snapshot_is_installed_and_maintenance_waits_for_it() {
     compaction.expect("compaction after the install");
 
     let digest = store.digest().expect("digest");
-    assert_eq!(digest, clean_digest(BATCHES));
+    assert_eq!(digest, clean_digest(batches));
     store.close().expect("close");
     let reopened = Store::open(dir(), options(&storage)).expect("reopen");
     assert_eq!(reopened.digest().expect("digest"), digest);
 }
 
 #[test]
-fn a_failed_install_fails_no_batch_and_leaves_the_snapshot_due() {
-    let storage = FaultyStorage::new();
-    let store = Store::open(dir(), options(&storage)).expect("open");
-    storage.inject(Fault::new(OpKind::Rename, FaultError::Io));
-    let mut failed_at = None;
-    for i in 0..BATCHES {
-        store
-            .apply_batch(&batch(i))
-            .expect("a failed install is not the batch's");
-        if failed_at.is_none()
-            && storage
+fn a_failed_install_fails_no_batch_and_is_tried_again_after_as_much_log_again() {
+    for is_background in [false, true] {
+        let storage = storage(is_background);
+        let store = Store::open(dir(), options(&storage)).expect("open");
+        storage.inject(Fault::new(OpKind::Rename, FaultError::Io));
+        let failed_rename = || {
+            storage
                 .ops()
                 .iter()
                 .any(|o| o.kind == OpKind::Rename && o.failed)
-        {
-            failed_at = Some(i);
-            assert!(!has_file(&storage, &snapshot_path()), "nothing installed");
-        } else if failed_at.is_some() {
-            // Still due: the next batch writes and installs it.
-            assert!(
-                has_file(&storage, &snapshot_path()),
-                "installed after batch {i}"
-            );
-            break;
+        };
+        let mut failed_after = None;
+        for i in 0..BATCHES {
+            let (writes_before, renames_before) = (snapshot_writes(&storage), renames(&storage));
+            store
+                .apply_batch(&batch(i))
+                .expect("a failed install is not the batch's");
+            if snapshot_writes(&storage) > writes_before {
+                // This batch wrote a snapshot: let its install end (on the
+                // installer's thread it may not have yet), so that both
+                // modes run the same way from here.
+                let deadline = Instant::now() + TIMEOUT;
+                while renames(&storage) == renames_before && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            if failed_after.is_none() && failed_rename() {
+                failed_after = Some((i, snapshot_writes(&storage)));
+            }
+            if let Some((at, writes)) = failed_after
+                && i <= at + 3
+            {
+                // Each batch adds about 1 KiB of log, and the next try
+                // waits for 8 KiB: no snapshot is written meanwhile.
+                assert_eq!(
+                    snapshot_writes(&storage),
+                    writes,
+                    "background {is_background}: batch {i} wrote a snapshot again"
+                );
+            }
         }
+        let (at, _) = failed_after.expect("an install was tried");
+        assert!(
+            has_file(&storage, &snapshot_path()),
+            "background {is_background}: installed in a later try (the first failed after batch {at})"
+        );
+        store.close().expect("close");
     }
-    assert!(failed_at.is_some(), "an install was tried");
 }
 
 #[test]
 fn under_buffered_the_install_syncs_the_log_first_and_its_failure_poisons() {
-    let storage = FaultyStorage::new();
-    let store = Store::open(dir(), options(&storage)).expect("open");
-    // Under `Buffered` with one segment, the first data sync after open is
-    // the install's sync of the log.
-    let syncs_at_open = storage
-        .ops()
-        .iter()
-        .filter(|o| o.kind == OpKind::SyncData)
-        .count();
-    storage.inject(Fault::new(OpKind::SyncData, FaultError::Io));
-    let mut committed = 0;
-    let refused = loop {
-        assert!(committed < BATCHES, "no snapshot was due");
-        match store.apply_batch(&batch(committed)) {
-            Ok(_) => committed += 1,
-            Err(e) => break e,
+    for is_background in [false, true] {
+        let what = format!("background {is_background}");
+        let storage = storage(is_background);
+        let store = Store::open(dir(), options(&storage)).expect("open");
+        // Under `Buffered` with one segment, the first data sync after open
+        // is the install's sync of the log.
+        storage.inject(Fault::new(OpKind::SyncData, FaultError::Io));
+        // Batches until one writes a snapshot: it returns `Ok`, its install
+        // syncing the log after it.
+        let mut committed = 0;
+        while snapshot_writes(&storage) == 0 {
+            assert!(committed < BATCHES, "{what}: no snapshot was written");
+            store
+                .apply_batch(&batch(committed))
+                .expect("writing a snapshot syncs nothing");
+            committed += 1;
         }
-    };
-    let ops = storage.ops();
-    let failed_sync = ops
-        .iter()
-        .filter(|o| o.kind == OpKind::SyncData)
-        .nth(syncs_at_open)
-        .expect("the install synced");
-    assert!(failed_sync.failed && failed_sync.path.extension() == Some("seg".as_ref()));
-    assert!(
-        ops.iter().all(|o| o.kind != OpKind::Rename),
-        "no snapshot goes in place over a log that failed to sync"
-    );
-    assert!(
-        matches!(&refused, Error::Poisoned { reason } if reason.contains("snapshot sync failed")),
-        "{refused:?}"
-    );
-    assert!(
-        has_file(&storage, &dir().join("SYNC_FAILED")),
-        "open is told"
-    );
+        // `snapshot` waits for the running install first, which fails.
+        let refused = store
+            .snapshot()
+            .expect_err("the install's failed sync poisoned the store");
+        assert!(
+            matches!(&refused, Error::Poisoned { reason } if reason.contains("snapshot sync failed")),
+            "{what}: {refused:?}"
+        );
+        assert!(matches!(
+            store.apply_batch(&batch(committed)),
+            Err(Error::Poisoned { .. })
+        ));
+        let ops = storage.ops();
+        let failed = ops
+            .iter()
+            .find(|o| o.failed)
+            .expect("the injected fault fired");
+        assert!(
+            failed.kind == OpKind::SyncData && is_segment(&failed.path),
+            "{what}: {failed:?}"
+        );
+        assert!(
+            ops.iter().all(|o| o.kind != OpKind::Rename),
+            "{what}: no snapshot goes in place over a log that failed to sync"
+        );
+        assert!(
+            has_file(&storage, &dir().join("SYNC_FAILED")),
+            "{what}: open is told"
+        );
 
-    // The batches acknowledged before are all there after a reopen, which
-    // rewrites the segment whose sync failed; the rest then applies.
-    storage.heal();
-    drop(store);
-    let reopened = Store::open(dir(), options(&storage)).expect("reopen");
-    assert_eq!(reopened.digest().expect("digest"), clean_digest(committed));
-    for i in committed..BATCHES {
-        reopened.apply_batch(&batch(i)).expect("apply after reopen");
+        // The batches acknowledged before are all there after a reopen,
+        // which rewrites the segment whose sync failed; the rest then applies.
+        storage.heal();
+        drop(store);
+        let reopened = Store::open(dir(), options(&storage)).expect("reopen");
+        assert_eq!(
+            reopened.digest().expect("digest"),
+            clean_digest(committed),
+            "{what}"
+        );
+        for i in committed..BATCHES {
+            reopened.apply_batch(&batch(i)).expect("apply after reopen");
+        }
+        assert_eq!(reopened.digest().expect("digest"), clean_digest(BATCHES));
     }
-    assert_eq!(reopened.digest().expect("digest"), clean_digest(BATCHES));
 }

@@ -3,16 +3,19 @@
 //! A snapshot is written to `SNAPSHOT.tmp` under the writer lock; what
 //! follows is only waiting for the disk: syncing the file (tens of MiB),
 //! renaming it to `SNAPSHOT` and syncing the directory, 8-19 ms for W1's
-//! snapshots. The batch that made a snapshot due used to wait for all of
-//! it; here a thread of the store's own does it while that caller returns.
+//! snapshots (and under `Buffered`, first syncing the log it covers). The
+//! batch that made a snapshot due used to wait for all of it; here a
+//! thread of the store's own does it while that caller returns.
+//! `Store::snapshot` runs its own install on its caller's thread instead,
+//! since that caller waits for it and must hear of its failure.
 //!
-//! One install at a time, and never alongside other maintenance: every
-//! holder of the maintenance lock settles the running install first (see
-//! `Store::lock_maintenance`), so compaction never removes a snapshot that
-//! is about to be renamed into place, and no new `SNAPSHOT.tmp` is written
-//! over one being synced. The install's outcome reaches the writer, which
-//! counts log bytes since the last snapshot, when someone takes it
-//! (`take_finished` or `settle`).
+//! One install at a time, and never alongside other maintenance: only a
+//! holder of the maintenance lock starts one, and every holder settles the
+//! running install first (`Store::lock_maintenance`), so compaction never
+//! removes a snapshot that is about to be renamed into place, and no new
+//! `SNAPSHOT.tmp` is written over one being synced. The install's outcome
+//! reaches the writer, which counts log bytes since the last snapshot,
+//! when someone takes it (`take_finished` or `settle`).
 //!
 //! A storage that allows no background I/O (`FaultyStorage`) gets the
 //! install on the caller's thread, so that its operations come in the same

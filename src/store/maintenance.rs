@@ -155,14 +155,15 @@ impl Store {
     /// Writes a snapshot of the index, so that the next `open` replays only
     /// the log written after it, and returns once it is durable. Writers
     /// wait while the index is written out (to the page cache); the file's
-    /// sync and rename happen after they resume.
+    /// sync and rename happen after they resume, on this thread.
     ///
     /// # Errors
     /// `Io` or `Poisoned` when the disk fails.
     pub fn snapshot(&self) -> Result<()> {
         let _maintenance = self.lock_maintenance();
-        self.snapshot_locked()?;
-        self.settle_install()
+        let install = self.snapshot_locked()?;
+        let installed = install.run();
+        note_installed(&mut self.writer.lock(), (install.lsn, installed))
     }
 
     /// Writes a snapshot if enough log was written since the last one (see
@@ -175,17 +176,21 @@ impl Store {
         let Some(_maintenance) = self.maintenance.try_lock() else {
             return;
         };
-        let _ = self.settle_install();
+        // Never waits for an install: one still running means none is due.
         if self.is_snapshot_due(&mut self.writer.lock()) {
-            let _ = self.snapshot_locked();
+            match self.snapshot_locked() {
+                Ok(install) => self.installer.start(install),
+                Err(_) => self.writer.lock().snapshot_failed(),
+            }
         }
     }
 
     /// Whether `apply_batch` should write a snapshot now: no install is
-    /// running, and the log since the last snapshot reached
-    /// `snapshot_log_bytes` and that snapshot's size, so that snapshots
-    /// never write more bytes than the log they spare. Notes an install
-    /// that has ended.
+    /// running, and the log since the last snapshot (and since the last
+    /// that failed) reached `snapshot_log_bytes` and that snapshot's size,
+    /// so that snapshots never write more bytes than the log they spare,
+    /// nor are rewritten after every batch while the disk refuses them.
+    /// Notes an install that has ended.
     pub(super) fn is_snapshot_due(&self, writer: &mut Writer) -> bool {
         if self.installer.is_outstanding() {
             match self.installer.take_finished() {
@@ -196,29 +201,29 @@ impl Store {
             }
         }
         self.options.snapshot_log_bytes.is_some_and(|every| {
-            writer.unsaved_log_bytes() >= every.max(writer.last_snapshot_bytes)
+            let needed = every.max(writer.last_snapshot_bytes);
+            writer.unsaved_log_bytes() >= needed
+                && writer.log_bytes_since_failed_snapshot() >= needed
         })
     }
 
     /// Takes the maintenance lock, once the running install has ended.
     pub(super) fn lock_maintenance(&self) -> parking_lot::MutexGuard<'_, ()> {
         let maintenance = self.maintenance.lock();
-        // An automatic snapshot's failure is not this caller's.
-        let _ = self.settle_install();
+        self.settle_install();
         maintenance
     }
 
-    /// Waits for the running install and notes how it ended; its error, if
-    /// it failed.
-    fn settle_install(&self) -> Result<()> {
-        match self.installer.settle() {
-            Some(finished) => note_installed(&mut self.writer.lock(), finished),
-            None => Ok(()),
+    /// Waits for the running install and notes how it ended. Its failure
+    /// is no caller's: the snapshot is simply due again later.
+    fn settle_install(&self) {
+        if let Some(finished) = self.installer.settle() {
+            let _ = note_installed(&mut self.writer.lock(), finished);
         }
     }
 
-    /// Writes `SNAPSHOT.tmp` and starts its install.
-    fn snapshot_locked(&self) -> Result<()> {
+    /// Writes `SNAPSHOT.tmp`; returns what installs it.
+    fn snapshot_locked(&self) -> Result<Install> {
         self.commit.check()?;
         // Under `Sync` the snapshot may only cover what is durable and
         // published, so the log is synced before the index is written out.
@@ -274,7 +279,7 @@ impl Store {
             };
             (self.write_snapshot_tmp(&index, end)?, lsn, log)
         };
-        self.installer.start(Install {
+        Ok(Install {
             storage: Arc::clone(&self.options.storage),
             file,
             tmp: self.snapshot_tmp_path(),
@@ -282,8 +287,7 @@ impl Store {
             dir: self.dir.clone(),
             lsn,
             log,
-        });
-        Ok(())
+        })
     }
 
     /// Closes the store, writing a snapshot first if it would spare the next
@@ -294,7 +298,7 @@ impl Store {
     /// As [`Store::snapshot`], or `Io` if the cut fails; the store is closed
     /// either way.
     pub fn close(self) -> Result<()> {
-        let _ = self.settle_install();
+        self.settle_install();
         let snapshot = if self.is_snapshot_worth_writing() {
             self.snapshot()
         } else {
@@ -385,7 +389,7 @@ impl Drop for Store {
     /// takes a segment's unused preallocated space for its end.
     fn drop(&mut self) {
         if !self.closed.load(std::sync::atomic::Ordering::SeqCst) {
-            let _ = self.settle_install();
+            self.settle_install();
             if self.is_snapshot_worth_writing() {
                 let _ = self.snapshot();
             }
@@ -394,11 +398,12 @@ impl Drop for Store {
     }
 }
 
-/// Notes an install's end in the writer's count of log bytes since the
-/// last snapshot; its error, if it failed (the snapshot is due again).
+/// Notes an install's end in the writer's counts of log bytes since the
+/// last snapshot and since the last that failed; its error, if it failed.
 fn note_installed(writer: &mut Writer, (lsn, installed): Finished) -> Result<()> {
-    let bytes = installed?;
+    let bytes = installed.inspect_err(|_| writer.snapshot_failed())?;
     writer.saved_at(lsn);
     writer.last_snapshot_bytes = bytes;
+    writer.failed_snapshot_at = None;
     Ok(())
 }

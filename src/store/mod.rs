@@ -88,6 +88,9 @@ struct Writer {
     /// Size of the last snapshot written or loaded (0 if none): automatic
     /// snapshots wait for at least this much new log.
     last_snapshot_bytes: u64,
+    /// Where the log ended when the last snapshot failed, if one failed
+    /// since the last that succeeded: the next waits for as much new log.
+    failed_snapshot_at: Option<u64>,
 }
 
 impl Writer {
@@ -100,6 +103,17 @@ impl Writer {
     fn saved_at(&mut self, lsn: u64) {
         self.unsaved_bytes = 0;
         self.unsaved_since = lsn;
+    }
+
+    /// A snapshot failed to be written or installed, with the log ending here.
+    fn snapshot_failed(&mut self) {
+        self.failed_snapshot_at = Some(self.log.position().2);
+    }
+
+    /// Bytes of log written since a snapshot last failed (all, if none did).
+    fn log_bytes_since_failed_snapshot(&self) -> u64 {
+        self.failed_snapshot_at
+            .map_or(u64::MAX, |at| self.log.position().2 - at)
     }
 }
 
@@ -232,6 +246,10 @@ impl Store {
             Some(Ok(bytes)) => bytes,
             _ => 0,
         };
+        // Only automatic snapshots are installed in the background.
+        let installer = installer::Installer::new(
+            storage.allows_background_io() && options.snapshot_log_bytes.is_some(),
+        );
         Ok(Store {
             dir,
             options,
@@ -243,10 +261,11 @@ impl Store {
                 unsaved_bytes: walk.log_bytes,
                 unsaved_since: 0,
                 last_snapshot_bytes,
+                failed_snapshot_at: None,
             }),
             commit,
             maintenance: Mutex::new(()),
-            installer: installer::Installer::new(storage.allows_background_io()),
+            installer,
             closed: AtomicBool::new(false),
             opened: OpenReport {
                 torn_bytes_discarded: recovered.torn_bytes,
