@@ -216,6 +216,21 @@ fn replay(c: &mut Criterion) {
     g.finish();
 }
 
+/// An explicit snapshot of an open store: the index written out under the
+/// writer lock, then synced and renamed (what an automatic snapshot leaves
+/// to the installer's thread).
+fn snapshot(c: &mut Criterion) {
+    let dir = filled(200);
+    let store = Store::open(dir.path(), buffered()).unwrap();
+    let mut g = c.benchmark_group("snapshot");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements(200_000));
+    g.bench_function("index_of_200k_deliveries", |bench| {
+        bench.iter(|| store.snapshot().unwrap())
+    });
+    g.finish();
+}
+
 fn compaction(c: &mut Criterion) {
     let mut g = c.benchmark_group("compact");
     g.sample_size(10);
@@ -243,6 +258,7 @@ criterion_group!(
     seen_lookup,
     get,
     replay,
+    snapshot,
     compaction
 );
 criterion_main!(benches);
