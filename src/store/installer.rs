@@ -22,8 +22,8 @@
 //! order in every run; so does a store whose thread could not be spawned.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex};
@@ -114,36 +114,44 @@ struct Shared {
 /// Runs the installs of one store.
 pub(super) struct Installer {
     shared: Arc<Shared>,
-    /// `None` inline: no background I/O allowed, or no thread to be had.
-    thread: Option<JoinHandle<()>>,
+    is_background: bool,
+    /// Started with the first install (a store that never writes a
+    /// snapshot, such as one opened for a read, never starts one); `None`
+    /// inline: no background I/O allowed, or no thread to be had.
+    thread: OnceLock<Option<JoinHandle<()>>>,
 }
 
 impl Installer {
     /// An installer with a thread of its own if `is_background`.
     pub(super) fn new(is_background: bool) -> Self {
-        let shared = Arc::new(Shared::default());
-        let thread = if is_background {
-            let worker = Arc::clone(&shared);
-            std::thread::Builder::new()
-                .name("idemkv-snapshot".into())
-                .spawn(move || run(&worker))
-                .ok()
-        } else {
-            None
-        };
-        Self { shared, thread }
+        Self {
+            shared: Arc::new(Shared::default()),
+            is_background,
+            thread: OnceLock::new(),
+        }
     }
 
     /// Starts `install`: on the thread, or here and now if inline. The
     /// previous install's outcome must have been taken.
     pub(super) fn start(&self, install: Install) {
+        let thread = self.thread.get_or_init(|| {
+            let worker = Arc::clone(&self.shared);
+            self.is_background
+                .then(|| {
+                    std::thread::Builder::new()
+                        .name("idemkv-snapshot".into())
+                        .spawn(move || run(&worker))
+                        .ok()
+                })
+                .flatten()
+        });
         let mut state = self.shared.state.lock();
         debug_assert!(
             state.queued.is_none() && !state.is_running && state.finished.is_none(),
             "one install at a time, its outcome taken before the next"
         );
         self.shared.is_outstanding.store(true, Ordering::Release);
-        if self.thread.is_some() {
+        if thread.is_some() {
             state.queued = Some(install);
             self.shared.changed.notify_all();
         } else {
@@ -193,7 +201,7 @@ impl Drop for Installer {
     fn drop(&mut self) {
         self.shared.state.lock().is_stopped = true;
         self.shared.changed.notify_all();
-        if let Some(thread) = self.thread.take() {
+        if let Some(thread) = self.thread.take().flatten() {
             let _ = thread.join();
         }
     }
