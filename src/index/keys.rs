@@ -356,6 +356,10 @@ fn hash_key(seed: u64, key: &[u8]) -> u64 {
     xxh3_64_with_seed(key, seed)
 }
 
+/// A key's hash under one `KeyIndex`'s seed (`KeyIndex::hash`); meaningless in any other.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct KeyHash(u64);
+
 /// Ordered map of keys, with running counts for stats.
 pub(crate) struct KeyIndex {
     /// Seeds the key hash, so that a source cannot aim keys at one bucket.
@@ -406,21 +410,41 @@ impl KeyIndex {
     }
 
     fn find(&self, key: &[u8]) -> Option<u32> {
+        if self.table.is_empty() {
+            // The pending batches' shadow index mostly is: spare the hash.
+            return None;
+        }
         let arena = &self.arena;
         self.table
             .find(hash_key(self.seed, key), |a| key_eq(arena.key(a), key))
     }
 
+    /// `key`'s hash in this index, for a caller that prefetches a key and
+    /// then sets it: one hash serves the three (`*_hashed`).
+    pub(crate) fn hash(&self, key: &[u8]) -> KeyHash {
+        KeyHash(hash_key(self.seed, key))
+    }
+
     /// Asks the CPU to fetch the table lines a lookup of `key` reads first.
     pub(crate) fn prefetch(&self, key: &[u8]) {
-        self.table.prefetch(hash_key(self.seed, key));
+        self.prefetch_hashed(self.hash(key));
+    }
+
+    /// As `prefetch`, for a key hashed by this index.
+    pub(crate) fn prefetch_hashed(&self, hash: KeyHash) {
+        self.table.prefetch(hash.0);
     }
 
     /// Asks the CPU to fetch the record a lookup of `key` most likely ends
     /// on (best after `prefetch` had time to bring in the table lines).
     pub(crate) fn prefetch_record(&self, key: &[u8]) {
+        self.prefetch_record_hashed(self.hash(key));
+    }
+
+    /// As `prefetch_record`, for a key hashed by this index.
+    pub(crate) fn prefetch_record_hashed(&self, hash: KeyHash) {
         // The first tag match, keys uncompared: where the lookup most likely ends.
-        if let Some(a) = self.table.find(hash_key(self.seed, key), |_| true) {
+        if let Some(a) = self.table.find(hash.0, |_| true) {
             self.arena.prefetch(a);
         }
     }
@@ -430,8 +454,14 @@ impl KeyIndex {
     }
 
     /// Sets a key's entry.
+    #[cfg(test)]
     pub(crate) fn set(&mut self, key: &[u8], entry: KeyEntry) {
-        let hash = hash_key(self.seed, key);
+        self.set_hashed(key, self.hash(key), entry);
+    }
+
+    /// As `set`, for `key` hashed by this index (`hash`).
+    pub(crate) fn set_hashed(&mut self, key: &[u8], KeyHash(hash): KeyHash, entry: KeyEntry) {
+        debug_assert_eq!(hash, hash_key(self.seed, key), "hashed by this index");
         let arena = &self.arena;
         let found = self.table.find(hash, |a| key_eq(arena.key(a), key));
         let was_live = match found {

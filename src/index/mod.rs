@@ -28,12 +28,32 @@ use crate::log::segments::ValueRef;
 use add_marks::AddMarks;
 use batches::{BatchEntry, BatchRegistry};
 use expiry::{Ttls, is_expired, to_secs_ceil};
-use keys::{KeyEntry, KeyIndex, KeyState};
+use keys::{KeyEntry, KeyHash, KeyIndex, KeyState};
 use seen::{Seen, SeenIndex};
 
 /// How many entries ahead a batch's index lookups prefetch: far enough for
 /// a cache miss to resolve, near enough that the lines are still cached.
 pub(crate) const PREFETCH_AHEAD: usize = 8;
+
+/// The key hashes of the writes from the one applied now to the one
+/// prefetched furthest ahead, by write number.
+#[derive(Default)]
+struct HashRing([KeyHash; 2 * PREFETCH_AHEAD]);
+
+impl HashRing {
+    fn put(&mut self, i: usize, hash: KeyHash) {
+        if let Some(slot) = self.0.get_mut(i % (2 * PREFETCH_AHEAD)) {
+            *slot = hash;
+        }
+    }
+
+    fn at(&self, i: usize) -> KeyHash {
+        self.0
+            .get(i % (2 * PREFETCH_AHEAD))
+            .copied()
+            .unwrap_or_default()
+    }
+}
 
 /// Everything the store knows in memory.
 #[derive(Debug, Default)]
@@ -131,13 +151,22 @@ impl Index {
             return Err("commit time earlier than the previous record's");
         }
         let at_secs = to_secs_ceil(now_ms);
+        // A key lookup reads the table, then the record it points to: the
+        // table lines are fetched `PREFETCH_AHEAD` writes ahead, the record
+        // half as far. Each key is hashed once, into `hashes` (a ring).
+        let mut hashes = HashRing::default();
+        for (i, w) in record.writes.iter().enumerate().take(PREFETCH_AHEAD) {
+            hashes.put(i, self.keys.hash(w.key));
+        }
         for (i, w) in record.writes.iter().enumerate() {
-            // A key lookup reads the table, then the record it points to.
             if let Some(ahead) = record.writes.get(i + PREFETCH_AHEAD) {
-                self.keys.prefetch(ahead.key);
+                let hash = self.keys.hash(ahead.key);
+                self.keys.prefetch_hashed(hash);
+                hashes.put(i + PREFETCH_AHEAD, hash);
             }
-            if let Some(ahead) = record.writes.get(i + PREFETCH_AHEAD / 2) {
-                self.keys.prefetch_record(ahead.key);
+            if i + PREFETCH_AHEAD / 2 < record.writes.len() {
+                self.keys
+                    .prefetch_record_hashed(hashes.at(i + PREFETCH_AHEAD / 2));
             }
             let state = match w.op {
                 WriteView::Put {
@@ -166,7 +195,8 @@ impl Index {
                     .map(KeyState::Live)
                     .ok_or("version bump of a key with no live row")?,
             };
-            self.keys.set(w.key, KeyEntry { seq: w.seq, state });
+            self.keys
+                .set_hashed(w.key, hashes.at(i), KeyEntry { seq: w.seq, state });
         }
         for &(key, seq) in &record.adds {
             self.add_marks.record(key, seq, now_ms);
