@@ -411,7 +411,7 @@ impl KeyIndex {
 
     fn find(&self, key: &[u8]) -> Option<u32> {
         if self.table.is_empty() {
-            // The pending batches' shadow index mostly is: spare the hash.
+            // As the pending batches' shadow usually is: no key to hash for.
             return None;
         }
         let arena = &self.arena;
