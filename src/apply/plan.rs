@@ -267,7 +267,14 @@ pub(crate) fn plan<'b, V: StateView>(
     assert_eq!(hashes.len(), batch.len(), "one hash per delivery");
     let mut p = Planner {
         view,
-        plan: Plan::default(),
+        // Sized for the batch up front: grown by doubling, these two were
+        // reallocated and copied about nine times a batch (3% of W1's
+        // instructions inside `apply_batch`).
+        plan: Plan {
+            seen: Vec::with_capacity(batch.len()),
+            writes: Vec::with_capacity(batch.len()),
+            ..Plan::default()
+        },
         touched: BytesMap::with_capacity_and_hasher(batch.len(), Default::default()),
         seen_here: IdMap::with_capacity_and_hasher(batch.len(), Default::default()),
         added: BytesMap::default(),

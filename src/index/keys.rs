@@ -564,10 +564,15 @@ impl KeyIndex {
             level
         });
         std::iter::from_fn(move || {
-            let level = levels
-                .iter_mut()
-                .filter(|l| l.head.is_some())
-                .min_by(|a, b| a.head.map(record_key).cmp(&b.head.map(record_key)))?;
+            let mut first: Option<(usize, &[u8])> = None;
+            for (i, level) in levels.iter().enumerate() {
+                if let Some(key) = level.head.map(record_key)
+                    && first.is_none_or(|(_, least)| key_less(key, least))
+                {
+                    first = Some((i, key));
+                }
+            }
+            let level = levels.get_mut(first?.0)?;
             let record = level.head;
             level.advance(arena, prefix);
             record

@@ -107,6 +107,12 @@ fn sort_by_id(entries: &mut Vec<(Entry, u32)>) {
     *entries = sorted;
 }
 
+/// The id as one integer, for comparisons that compile to two words
+/// rather than a slice comparison.
+fn as_u128(id: [u64; 2]) -> u128 {
+    (u128::from(id[0]) << 64) | u128::from(id[1])
+}
+
 fn split(id: u128) -> [u64; 2] {
     [(id >> 64) as u64, id as u64]
 }
@@ -377,17 +383,20 @@ impl SeenIndex {
         self.times.resize(new_len, 0);
         // Merge from the back so that no entry of the old run is overwritten
         // before it is moved: the write cursor never passes the read cursor.
-        let (mut i, mut j, mut w) = (old_len, fresh.len(), new_len);
-        while j > 0 {
-            w -= 1;
-            if i > 0 && self.run[i - 1].id > fresh[j - 1].0.id {
-                self.run[w] = self.run[i - 1];
-                self.times[w] = self.times[i - 1];
-                i -= 1;
-            } else {
-                (self.run[w], self.times[w]) = fresh[j - 1];
-                j -= 1;
-            }
+        // The old entries above each fresh id (about RECENT_FRACTION of
+        // them) move up in one copy, found by a scan that only compares.
+        let (mut i, mut w) = (old_len, new_len);
+        for &(entry, at_secs) in fresh.iter().rev() {
+            let id = as_u128(entry.id);
+            let above = self.run[..i]
+                .iter()
+                .rev()
+                .take_while(|e| as_u128(e.id) > id)
+                .count();
+            self.run.copy_within(i - above..i, w - above);
+            self.times.copy_within(i - above..i, w - above);
+            (i, w) = (i - above, w - above - 1);
+            (self.run[w], self.times[w]) = (entry, at_secs);
         }
         self.update_directory(&fresh);
         #[cfg(debug_assertions)]
