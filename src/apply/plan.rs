@@ -268,7 +268,7 @@ pub(crate) fn plan<'b, V: StateView>(
     let mut p = Planner {
         view,
         // Sized for the batch up front: grown by doubling, these two were
-        // reallocated and copied about nine times a batch (3% of W1's
+        // reallocated and copied about nine times a batch (2% of W1's
         // instructions inside `apply_batch`).
         plan: Plan {
             seen: Vec::with_capacity(batch.len()),
