@@ -18,8 +18,8 @@ pub(crate) trait StateView {
     fn key(&self, key: &[u8]) -> Option<KeyEntry>;
     /// A stored value's bytes (checksum verified).
     fn read_value(&self, value: ValueRef) -> Result<Bytes>;
-    /// Whether a stored value equals `candidate`.
-    fn value_equals(&self, value: ValueRef, candidate: &[u8]) -> Result<bool>;
+    /// Whether a stored value equals `candidate`, whose CRC-32 is `candidate_crc`.
+    fn value_equals(&self, value: ValueRef, candidate: &[u8], candidate_crc: u32) -> Result<bool>;
     /// The payload hash recorded for a seen event id.
     fn seen(&self, id_hash: u128) -> Option<u64>;
     /// A hint that `seen(id_hash)` follows shortly.

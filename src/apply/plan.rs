@@ -136,7 +136,9 @@ impl<'b, V: StateView> Planner<'b, '_, V> {
     fn value_bytes(&self, value: Value<'b>) -> Result<ValueBytes<'b>> {
         Ok(match value {
             Value::Stored(r) => ValueBytes::Owned(self.view.read_value(r)?),
-            Value::Planned(ValueSource::Bytes(b)) => ValueBytes::Borrowed(b),
+            Value::Planned(ValueSource::Bytes(b) | ValueSource::Checked(b, _)) => {
+                ValueBytes::Borrowed(b)
+            }
             Value::Planned(ValueSource::Counter(n)) => ValueBytes::Counter(CounterText::new(n)),
         })
     }
@@ -217,16 +219,26 @@ impl<'b, V: StateView> Planner<'b, '_, V> {
                     self.write(key, seq, WriteSource::Put(ValueSource::Bytes(value)));
                 }
                 Some(v) => {
-                    let is_same = match v {
-                        Value::Stored(stored) => self.view.value_equals(stored, value)?,
-                        Value::Planned(_) => self.value_bytes(v)?.as_bytes() == &value[..],
+                    // A stored value of the same length is compared by CRC
+                    // first; the encoder reuses that CRC if the bytes differ.
+                    let (is_same, source) = match v {
+                        Value::Stored(stored) if stored.len as usize == value.len() => {
+                            let crc = crc32fast::hash(value);
+                            let is_same = self.view.value_equals(stored, value, crc)?;
+                            (is_same, ValueSource::Checked(value, crc))
+                        }
+                        Value::Stored(_) => (false, ValueSource::Bytes(value)),
+                        Value::Planned(_) => (
+                            self.value_bytes(v)?.as_bytes() == &value[..],
+                            ValueSource::Bytes(value),
+                        ),
                     };
                     if is_same {
                         self.plan.report.unchanged += 1;
                         self.bump(key, seq);
                     } else {
                         self.plan.report.updated += 1;
-                        self.write(key, seq, WriteSource::Put(ValueSource::Bytes(value)));
+                        self.write(key, seq, WriteSource::Put(source));
                     }
                 }
             },

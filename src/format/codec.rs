@@ -44,8 +44,14 @@ pub(crate) fn put_bytes(buf: &mut Vec<u8>, bytes: &[u8]) {
 /// The CRC lets a read of the value alone, long after the record was
 /// checked, verify it.
 pub(crate) fn put_value(buf: &mut Vec<u8>, value: &[u8]) {
+    put_value_with_crc(buf, value, crc32fast::hash(value));
+}
+
+/// `put_value` of a value whose CRC-32 is known to be `crc`.
+pub(crate) fn put_value_with_crc(buf: &mut Vec<u8>, value: &[u8], crc: u32) {
+    debug_assert_eq!(crc, crc32fast::hash(value), "the value's own CRC");
     put_varint(buf, value.len() as u64);
-    put_u32(buf, crc32fast::hash(value));
+    put_u32(buf, crc);
     buf.extend_from_slice(value);
 }
 

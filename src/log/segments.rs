@@ -182,11 +182,15 @@ impl SegmentMaps {
     /// segment for most values that differ), then the stored CRC against the
     /// candidate's, then the bytes. Equal bytes under a matching CRC are
     /// themselves verified, and a damaged value only ever compares unequal.
-    pub(crate) fn equals(&self, value: ValueRef, candidate: &[u8]) -> Result<bool> {
+    pub(crate) fn equals(
+        &self,
+        value: ValueRef,
+        candidate: &[u8],
+        candidate_crc: u32,
+    ) -> Result<bool> {
         if value.len as usize != candidate.len() {
             return Ok(false);
         }
-        let candidate_crc = crc32fast::hash(candidate);
         if value.crc.is_some_and(|crc| crc != candidate_crc) {
             return Ok(false);
         }
@@ -256,15 +260,19 @@ mod tests {
             len: 5,
             crc: None,
         };
-        assert!(maps.equals(v, b"hello").unwrap());
-        assert!(!maps.equals(v, b"hellO").unwrap());
+        assert!(maps.equals(v, b"hello", crc32fast::hash(b"hello")).unwrap());
+        assert!(!maps.equals(v, b"hellO", crc32fast::hash(b"hellO")).unwrap());
         let hello = crc32fast::hash(b"hello");
         let known = ValueRef {
             crc: Some(hello),
             ..v
         };
-        assert!(maps.equals(known, b"hello").unwrap(), "confirmed by a read");
-        assert!(!maps.equals(v, b"hell").unwrap());
+        assert!(
+            maps.equals(known, b"hello", crc32fast::hash(b"hello"))
+                .unwrap(),
+            "confirmed by a read"
+        );
+        assert!(!maps.equals(v, b"hell", crc32fast::hash(b"hell")).unwrap());
         assert_eq!(&maps.read(v).unwrap()[..], b"hello");
         assert_eq!(&maps.read_copy(v).unwrap()[..], b"hello");
 
@@ -275,7 +283,7 @@ mod tests {
         file.append(&bytes).unwrap();
         maps.insert(2, Arc::clone(&file), file.map(0).unwrap());
         let w = ValueRef { segment: 2, ..v };
-        assert!(!maps.equals(w, b"hello").unwrap());
+        assert!(!maps.equals(w, b"hello", crc32fast::hash(b"hello")).unwrap());
         assert!(matches!(maps.read(w), Err(Error::Corruption { .. })));
         assert!(matches!(maps.read_copy(w), Err(Error::Corruption { .. })));
         // A known CRC is still checked against the stored bytes.
@@ -285,7 +293,11 @@ mod tests {
         };
         assert!(
             !maps
-                .equals(known(crc32fast::hash(b"hello")), b"hello")
+                .equals(
+                    known(crc32fast::hash(b"hello")),
+                    b"hello",
+                    crc32fast::hash(b"hello")
+                )
                 .unwrap()
         );
     }
@@ -300,20 +312,26 @@ mod tests {
             crc: None,
         };
         assert!(
-            maps.equals(unmapped, b"hello").is_err(),
+            maps.equals(unmapped, b"hello", crc32fast::hash(b"hello"))
+                .is_err(),
             "segment 9 is not mapped"
         );
         let known = ValueRef {
             crc: Some(crc32fast::hash(b"world")),
             ..unmapped
         };
-        assert!(!maps.equals(known, b"hello").unwrap());
+        assert!(
+            !maps
+                .equals(known, b"hello", crc32fast::hash(b"hello"))
+                .unwrap()
+        );
         let same = ValueRef {
             crc: Some(crc32fast::hash(b"hello")),
             ..unmapped
         };
         assert!(
-            maps.equals(same, b"hello").is_err(),
+            maps.equals(same, b"hello", crc32fast::hash(b"hello"))
+                .is_err(),
             "a matching CRC reads the bytes"
         );
     }

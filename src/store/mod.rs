@@ -513,8 +513,8 @@ impl StateView for PlanView<'_> {
         self.maps.read(value)
     }
 
-    fn value_equals(&self, value: ValueRef, candidate: &[u8]) -> Result<bool> {
-        self.maps.equals(value, candidate)
+    fn value_equals(&self, value: ValueRef, candidate: &[u8], candidate_crc: u32) -> Result<bool> {
+        self.maps.equals(value, candidate, candidate_crc)
     }
 
     fn prefetch_seen(&self, id_hash: u128) {
