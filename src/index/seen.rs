@@ -398,6 +398,7 @@ impl SeenIndex {
             (i, w) = (i - above, w - above - 1);
             (self.run[w], self.times[w]) = (entry, at_secs);
         }
+        debug_assert_eq!(i, w, "the old entries below every fresh id stay in place");
         self.update_directory(&fresh);
         #[cfg(debug_assertions)]
         self.check_invariants();

@@ -242,6 +242,11 @@ mod tests {
     use super::*;
     use crate::storage::{OpenMode, Storage};
 
+    /// `SegmentMaps::equals` with the candidate's CRC computed here.
+    fn equals(maps: &SegmentMaps, value: ValueRef, candidate: &[u8]) -> Result<bool> {
+        maps.equals(value, candidate, crc32fast::hash(candidate))
+    }
+
     #[test]
     fn equals_compares_without_trusting_damaged_bytes() {
         let storage = crate::storage::OsStorage;
@@ -260,19 +265,18 @@ mod tests {
             len: 5,
             crc: None,
         };
-        assert!(maps.equals(v, b"hello", crc32fast::hash(b"hello")).unwrap());
-        assert!(!maps.equals(v, b"hellO", crc32fast::hash(b"hellO")).unwrap());
+        assert!(equals(&maps, v, b"hello").unwrap());
+        assert!(!equals(&maps, v, b"hellO").unwrap());
         let hello = crc32fast::hash(b"hello");
         let known = ValueRef {
             crc: Some(hello),
             ..v
         };
         assert!(
-            maps.equals(known, b"hello", crc32fast::hash(b"hello"))
-                .unwrap(),
+            equals(&maps, known, b"hello").unwrap(),
             "confirmed by a read"
         );
-        assert!(!maps.equals(v, b"hell", crc32fast::hash(b"hell")).unwrap());
+        assert!(!equals(&maps, v, b"hell").unwrap());
         assert_eq!(&maps.read(v).unwrap()[..], b"hello");
         assert_eq!(&maps.read_copy(v).unwrap()[..], b"hello");
 
@@ -283,7 +287,7 @@ mod tests {
         file.append(&bytes).unwrap();
         maps.insert(2, Arc::clone(&file), file.map(0).unwrap());
         let w = ValueRef { segment: 2, ..v };
-        assert!(!maps.equals(w, b"hello", crc32fast::hash(b"hello")).unwrap());
+        assert!(!equals(&maps, w, b"hello").unwrap());
         assert!(matches!(maps.read(w), Err(Error::Corruption { .. })));
         assert!(matches!(maps.read_copy(w), Err(Error::Corruption { .. })));
         // A known CRC is still checked against the stored bytes.
@@ -291,15 +295,7 @@ mod tests {
             crc: Some(crc),
             ..w
         };
-        assert!(
-            !maps
-                .equals(
-                    known(crc32fast::hash(b"hello")),
-                    b"hello",
-                    crc32fast::hash(b"hello")
-                )
-                .unwrap()
-        );
+        assert!(!equals(&maps, known(crc32fast::hash(b"hello")), b"hello").unwrap());
     }
 
     #[test]
@@ -312,26 +308,20 @@ mod tests {
             crc: None,
         };
         assert!(
-            maps.equals(unmapped, b"hello", crc32fast::hash(b"hello"))
-                .is_err(),
+            equals(&maps, unmapped, b"hello").is_err(),
             "segment 9 is not mapped"
         );
         let known = ValueRef {
             crc: Some(crc32fast::hash(b"world")),
             ..unmapped
         };
-        assert!(
-            !maps
-                .equals(known, b"hello", crc32fast::hash(b"hello"))
-                .unwrap()
-        );
+        assert!(!equals(&maps, known, b"hello").unwrap());
         let same = ValueRef {
             crc: Some(crc32fast::hash(b"hello")),
             ..unmapped
         };
         assert!(
-            maps.equals(same, b"hello", crc32fast::hash(b"hello"))
-                .is_err(),
+            equals(&maps, same, b"hello").is_err(),
             "a matching CRC reads the bytes"
         );
     }
