@@ -136,7 +136,7 @@ impl<'b, V: StateView> Planner<'b, '_, V> {
     fn value_bytes(&self, value: Value<'b>) -> Result<ValueBytes<'b>> {
         Ok(match value {
             Value::Stored(r) => ValueBytes::Owned(self.view.read_value(r)?),
-            Value::Planned(ValueSource::Bytes(b) | ValueSource::Checked(b, _)) => {
+            Value::Planned(ValueSource::Bytes(b) | ValueSource::BytesWithCrc(b, _)) => {
                 ValueBytes::Borrowed(b)
             }
             Value::Planned(ValueSource::Counter(n)) => ValueBytes::Counter(CounterText::new(n)),
@@ -225,7 +225,7 @@ impl<'b, V: StateView> Planner<'b, '_, V> {
                         Value::Stored(stored) if stored.len as usize == value.len() => {
                             let crc = crc32fast::hash(value);
                             let is_same = self.view.value_equals(stored, value, crc)?;
-                            (is_same, ValueSource::Checked(value, crc))
+                            (is_same, ValueSource::BytesWithCrc(value, crc))
                         }
                         Value::Stored(_) => (false, ValueSource::Bytes(value)),
                         Value::Planned(_) => (

@@ -72,7 +72,7 @@ pub(crate) enum ValueSource<'a> {
     Bytes(&'a [u8]),
     /// Bytes whose CRC-32 the planner computed already (comparing them
     /// with a stored value of the same length).
-    Checked(&'a [u8], u32),
+    BytesWithCrc(&'a [u8], u32),
     /// A counter's new value, encoded as canonical decimal text.
     Counter(i64),
 }
@@ -122,7 +122,7 @@ pub(crate) fn encode_write(buf: &mut Vec<u8>, key: &[u8], seq: u64, op: WriteSou
             codec::put_u8(buf, WRITE_PUT);
             match value {
                 ValueSource::Bytes(v) => codec::put_value(buf, v),
-                ValueSource::Checked(v, crc) => codec::put_value_with_crc(buf, v, crc),
+                ValueSource::BytesWithCrc(v, crc) => codec::put_value_with_crc(buf, v, crc),
                 ValueSource::Counter(n) => codec::put_value(buf, CounterText::new(n).as_bytes()),
             }
         }
