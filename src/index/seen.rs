@@ -606,4 +606,71 @@ mod tests {
             }
         }
     }
+
+    // Against a plain map: inserts (some of ids seen before, some sharing
+    // their top bits, so that buckets fill unevenly), purges and lookups,
+    // with time moving forward and ids expiring or not. Enough inserts
+    // that the recent map is merged into the run several times, each
+    // merge moving stretches of old ids past the fresh ones.
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+        #[test]
+        fn inserts_purges_and_lookups_agree_with_a_map(
+            ttl_secs in proptest::option::of(5u64..60),
+            ops in proptest::collection::vec((0u16..12_000, 0u8..4, 0u8..100), 9_000..20_000),
+        ) {
+            use std::collections::HashMap;
+            let ttl_ms = ttl_secs.map(|s| s * 1000);
+            let mut index = SeenIndex::new(ttl_ms);
+            let mut model: HashMap<u128, Seen> = HashMap::new();
+            let id_of = |n: u16| {
+                if n.is_multiple_of(7) {
+                    // Crafted: the same top 64 bits.
+                    (7u128 << 64) | u128::from(n)
+                } else {
+                    id(u64::from(n))
+                }
+            };
+            let mut now_secs = 1u32;
+            for (n, dt, action) in ops {
+                now_secs += u32::from(dt);
+                let now_ms = secs_to_ms(now_secs);
+                let id = id_of(n);
+                match action {
+                    0 => {
+                        let purged = index.purge(now_ms);
+                        let before = model.len();
+                        model.retain(|_, s| !is_expired(secs_to_ms(s.at_secs), ttl_ms, now_ms));
+                        // Merges may have dropped expired ids already.
+                        proptest::prop_assert!(purged <= (before - model.len()) as u64 + index.len());
+                        proptest::prop_assert_eq!(index.len(), model.len() as u64);
+                    }
+                    1..=9 => {
+                        let live = |s: &Seen| !is_expired(secs_to_ms(s.at_secs), ttl_ms, now_ms);
+                        let want = model.get(&id).filter(|s| live(s)).map(|s| s.payload);
+                        proptest::prop_assert_eq!(index.get_live(id, now_ms), want);
+                    }
+                    _ => {
+                        let seen = Seen { payload: u64::from(n) ^ u64::from(now_secs), at_secs: now_secs };
+                        index.insert(id, seen);
+                        model.insert(id, seen);
+                    }
+                }
+            }
+            index.check_invariants();
+            let now_ms = secs_to_ms(now_secs);
+            let live = |s: &Seen| !is_expired(secs_to_ms(s.at_secs), ttl_ms, now_ms);
+            for (&id, s) in &model {
+                let want = live(s).then_some(s.payload);
+                proptest::prop_assert_eq!(index.get_live(id, now_ms), want);
+            }
+            // `iter` is sorted, and holds every live id with its record.
+            let held: Vec<(u128, Seen)> = index.iter().collect();
+            proptest::prop_assert!(held.windows(2).all(|w| w[0].0 < w[1].0));
+            let held: HashMap<u128, Seen> = held.into_iter().collect();
+            for (id, s) in model.iter().filter(|(_, s)| live(s)) {
+                proptest::prop_assert_eq!(held.get(id), Some(s));
+            }
+        }
+    }
 }
