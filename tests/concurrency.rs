@@ -11,7 +11,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
-use idemkv::{Batch, BatchReport, Durability, Options, Record, Store};
+use idemkv::{Batch, BatchReport, Durability, Error, OnConflict, Options, Record, Store};
 
 const WRITERS: usize = 6;
 const READERS: usize = 2;
@@ -279,4 +279,147 @@ fn every_writer_reads_its_own_batch_on_return_and_writers_share_syncs() {
         "{WRITERS} writers share syncs: {syncs} syncs for {batches} batches"
     );
     check_final_state(&store);
+}
+
+/// Batches planned while an earlier one waits for its sync see its effects
+/// whenever they touch it (its batch id, an event id it recorded, a key it
+/// wrote) and plan against the committed state alone when they do not: a
+/// redelivery of its event is a duplicate, the same id with other content
+/// a conflict, an older seq of its key stale, its key no longer new, its
+/// batch id a replay (or, with other content, a batch conflict), and a key
+/// it did not write keeps its committed row.
+#[cfg(feature = "testing")]
+#[test]
+fn batches_planned_while_another_waits_for_its_sync_see_exactly_what_it_touched() {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use idemkv::storage::{FaultyStorage, OpKind};
+
+    let storage = FaultyStorage::new();
+    let options = Options::default()
+        .storage(Arc::new(storage.clone()))
+        .durability(Durability::Sync)
+        .on_conflict(OnConflict::Quarantine)
+        // The held sync is the pending batch's commit sync.
+        .zero_fill(false);
+    let store = Store::open("/db", options).unwrap();
+    store
+        .apply_batch(
+            &Batch::new("B0")
+                .put("e0", "k1", 5, "v0")
+                .put("e00", "k2", 5, "w0"),
+        )
+        .unwrap();
+    let pending = Batch::new("A")
+        .put("ea1", "k1", 10, "va")
+        .put("ea2", "k3", 1, "new")
+        .add("ea3", "hits", 1, 2);
+    let later = [
+        Batch::new("B1").put("ea1", "k1", 10, "va"),
+        Batch::new("B2").put("ea1", "kz", 10, "va"),
+        Batch::new("B3").put("eb3", "k1", 7, "older"),
+        Batch::new("B4").put("eb4", "k3", 2, "newer"),
+        Batch::new("B5").add("eb5", "hits", 2, 3),
+        Batch::new("B6").put("eb6", "k2", 6, "w1"),
+    ];
+    let timeout = Duration::from_secs(20);
+    let writes = || {
+        storage
+            .ops()
+            .iter()
+            .filter(|o| o.kind == OpKind::Write)
+            .count()
+    };
+    // False if the writes do not happen in time (the sync is then let go
+    // before the test fails, so that no thread is left waiting for it).
+    let wait_for_writes = |at_least: usize| {
+        let deadline = Instant::now() + timeout;
+        while writes() < at_least {
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        true
+    };
+    let (first, replay, reports, all_written) = std::thread::scope(|scope| {
+        storage.pause_next(OpKind::SyncData);
+        let first = scope.spawn(|| store.apply_batch(&pending));
+        let paused = storage.wait_until_paused(timeout).is_some();
+        let mut handles = Vec::new();
+        let mut all_written = paused;
+        for batch in &later {
+            // Each is planned and written while A's record still waits.
+            let written = writes();
+            handles.push(scope.spawn(|| store.apply_batch(batch)));
+            all_written &= wait_for_writes(written + 1);
+        }
+        // A's batch id with other content: refused at once, while A waits.
+        let reused = scope.spawn(|| store.apply_batch(&Batch::new("A").put("ez", "kz", 1, "z")));
+        let deadline = Instant::now() + timeout;
+        while !reused.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        all_written &= reused.is_finished();
+        let replay = scope.spawn(|| store.apply_batch(&pending));
+        storage.resume();
+        let reused = reused.join().unwrap();
+        assert!(
+            matches!(reused, Err(Error::BatchConflict { .. })),
+            "{reused:?}"
+        );
+        (
+            first.join().unwrap().unwrap(),
+            replay.join().unwrap().unwrap(),
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap().unwrap())
+                .collect::<Vec<_>>(),
+            all_written,
+        )
+    });
+    assert!(
+        all_written,
+        "every later batch was written, and the reused id refused, while A waited"
+    );
+    assert_eq!((first.inserted, first.updated, first.added), (1, 1, 1));
+    assert!(replay.replayed, "A's batch id is a replay: {replay:?}");
+    let want = [
+        BatchReport {
+            duplicates: 1,
+            ..BatchReport::default()
+        },
+        BatchReport {
+            rejected: 1,
+            ..BatchReport::default()
+        },
+        BatchReport {
+            stale: 1,
+            ..BatchReport::default()
+        },
+        BatchReport {
+            updated: 1,
+            ..BatchReport::default()
+        },
+        BatchReport {
+            added: 1,
+            ..BatchReport::default()
+        },
+        BatchReport {
+            updated: 1,
+            ..BatchReport::default()
+        },
+    ];
+    for ((batch, got), want) in later.iter().zip(&reports).zip(want) {
+        assert_eq!(*got, want, "batch {:?}", batch.id());
+    }
+    let row = |key: &str| {
+        let r = store.get(key).unwrap().expect("row");
+        (r.seq, String::from_utf8(r.value.to_vec()).unwrap())
+    };
+    assert_eq!(row("k1"), (10, "va".to_string()));
+    assert_eq!(row("k2"), (6, "w1".to_string()));
+    assert_eq!(row("k3"), (2, "newer".to_string()));
+    assert_eq!(row("hits"), (2, "5".to_string()));
 }

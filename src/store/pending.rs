@@ -16,10 +16,17 @@
 //!
 //! The effects (`delta`) are built only when a planner needs them: a lone
 //! writer's previous batch is always published before it plans the next, so
-//! it never pays for them.
+//! it never pays for them; and a batch that touches none of the pending
+//! records' batch ids, keys or seen ids (a small Bloom filter over them
+//! says so) is planned against the published index alone, since the
+//! effects shadow nothing it reads.
 
 use std::collections::VecDeque;
 
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::apply::classify::DeliveryHash;
+use crate::batch::Delivery;
 use crate::format::record::decode_own_batch;
 use crate::index::Index;
 use crate::index::expiry::Ttls;
@@ -43,6 +50,15 @@ pub(crate) struct Pending {
     /// The effects of the first `delta_covers` records: entries here shadow the index's.
     delta: Index,
     delta_covers: usize,
+    /// Stands for the effects when a batch touches none of them.
+    empty: Index,
+    /// The batch ids, keys and seen ids of the first `touched_covers`
+    /// records, and of some already published: added only when a planner
+    /// asks (a lone writer never does), cleared when none is pending.
+    touched: TouchFilter,
+    touched_covers: usize,
+    /// The commit time of the newest record pushed.
+    log_time_ms: u64,
 }
 
 impl Pending {
@@ -52,6 +68,10 @@ impl Pending {
             records: VecDeque::new(),
             delta: Index::new(ttls),
             delta_covers: 0,
+            empty: Index::new(ttls),
+            touched: TouchFilter::default(),
+            touched_covers: 0,
+            log_time_ms: 0,
         }
     }
 
@@ -59,16 +79,24 @@ impl Pending {
         self.records.is_empty()
     }
 
-    /// Adds a record just written, ending at `lsn_end`; `is_seen_applied`
-    /// if the writer applied its seen ids to the index already.
+    /// The commit time of the newest record pushed (0 if none).
+    pub(crate) fn log_time_ms(&self) -> u64 {
+        self.log_time_ms
+    }
+
+    /// Adds a record just written, committed at `committed_ms` and ending
+    /// at `lsn_end`; `is_seen_applied` if the writer applied its seen ids
+    /// to the index already.
     pub(crate) fn push(
         &mut self,
         body: &[u8],
+        committed_ms: u64,
         segment: u32,
         body_at: u32,
         lsn_end: u64,
         is_seen_applied: bool,
     ) {
+        self.log_time_ms = self.log_time_ms.max(committed_ms);
         self.records.push_back(Written {
             lsn_end,
             segment,
@@ -78,8 +106,49 @@ impl Pending {
         });
     }
 
+    /// What shadows `index` for planning the batch `batch_id` of
+    /// `deliveries` (hashed as `hashes`): the pending records' effects, or
+    /// nothing if the batch touches none of them.
+    pub(crate) fn overlay(
+        &mut self,
+        index: &Index,
+        batch_id: &[u8],
+        deliveries: &[Delivery],
+        hashes: &[DeliveryHash],
+    ) -> &Index {
+        if self.delta_covers < self.records.len() && !self.touches(batch_id, deliveries, hashes) {
+            return &self.empty;
+        }
+        self.delta(index)
+    }
+
+    /// Whether the batch may read anything a pending record wrote: its
+    /// batch id, an event id or a key (no false negatives).
+    fn touches(
+        &mut self,
+        batch_id: &[u8],
+        deliveries: &[Delivery],
+        hashes: &[DeliveryHash],
+    ) -> bool {
+        for r in self.records.iter().skip(self.touched_covers) {
+            let record = decode_own_batch(&r.body).expect("a written record decodes");
+            self.touched.add(xxh3_64(record.batch_id));
+            for w in &record.writes {
+                self.touched.add(xxh3_64(w.key));
+            }
+            for &(id, _) in &record.seen {
+                self.touched.add(id as u64);
+            }
+        }
+        self.touched_covers = self.records.len();
+        self.touched.may_contain(xxh3_64(batch_id))
+            || deliveries.iter().zip(hashes).any(|(d, h)| {
+                self.touched.may_contain(h.id as u64) || self.touched.may_contain(xxh3_64(&d.key))
+            })
+    }
+
     /// The pending records' effects, which shadow `index`.
-    pub(crate) fn delta(&mut self, index: &Index) -> &Index {
+    fn delta(&mut self, index: &Index) -> &Index {
         for r in self.records.iter().skip(self.delta_covers) {
             apply(&mut self.delta, r, Some(index));
         }
@@ -89,14 +158,18 @@ impl Pending {
 
     /// Applies to `index`, in log order, every record that ends at or before `lsn`.
     pub(crate) fn publish(&mut self, lsn: u64, index: &mut Index) {
-        let mut published = false;
+        let mut published = 0;
         while self.records.front().is_some_and(|r| r.lsn_end <= lsn) {
             let r = self.records.pop_front().expect("front exists");
             apply(index, &r, None);
-            published = true;
+            published += 1;
         }
-        if published {
+        if published > 0 {
             self.forget_delta();
+            self.touched_covers = self.touched_covers.saturating_sub(published);
+            if self.records.is_empty() {
+                self.touched.clear();
+            }
         }
     }
 
@@ -122,4 +195,160 @@ fn apply(target: &mut Index, r: &Written, under: Option<&Index>) {
         target.apply_record(&record, r.segment, r.body_at, under)
     };
     applied.expect("a written record applies in log order");
+}
+
+/// A Bloom filter of 64-bit hashes (two bits each in 64 Ki bits): no false
+/// negatives, and for the few hundred items a handful of pending batches
+/// hold, few false positives (which only cost building the effects).
+#[derive(Debug)]
+struct TouchFilter {
+    words: Box<[u64; TouchFilter::WORDS]>,
+    is_empty: bool,
+}
+
+impl Default for TouchFilter {
+    fn default() -> Self {
+        Self {
+            words: Box::new([0; Self::WORDS]),
+            is_empty: true,
+        }
+    }
+}
+
+impl TouchFilter {
+    const WORDS: usize = 1024;
+
+    /// The two bits of `hash`: its low and its high 16 bits.
+    fn bits(hash: u64) -> [usize; 2] {
+        [(hash & 0xffff) as usize, (hash >> 48) as usize]
+    }
+
+    fn add(&mut self, hash: u64) {
+        for bit in Self::bits(hash) {
+            if let Some(word) = self.words.get_mut(bit / 64) {
+                *word |= 1 << (bit % 64);
+            }
+        }
+        self.is_empty = false;
+    }
+
+    fn may_contain(&self, hash: u64) -> bool {
+        Self::bits(hash).into_iter().all(|bit| {
+            self.words
+                .get(bit / 64)
+                .is_some_and(|w| w & (1 << (bit % 64)) != 0)
+        })
+    }
+
+    fn clear(&mut self) {
+        if !self.is_empty {
+            self.words.fill(0);
+            self.is_empty = true;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Pending, TouchFilter};
+    use crate::Batch;
+    use crate::apply::classify::hash_batch;
+    use crate::format::record::{self, ValueSource, WriteSource};
+    use crate::index::Index;
+    use crate::index::expiry::Ttls;
+    use xxhash_rust::xxh3::{xxh3_64, xxh3_128};
+
+    const TTLS: Ttls = Ttls {
+        seen_ms: None,
+        batch_ms: None,
+        tombstone_ms: None,
+    };
+
+    /// The body of a record of batch `batch_id` that recorded event `event`
+    /// and put `key`.
+    fn body(batch_id: &str, event: &str, key: &str) -> Vec<u8> {
+        let mut buf = Vec::new();
+        record::encode_batch_head(
+            &mut buf,
+            batch_id.as_bytes(),
+            7,
+            1_000,
+            [1, 0, 0, 0, 0, 0, 0, 0],
+        );
+        record::encode_seen(&mut buf, &[(xxh3_128(event.as_bytes()), 9)]);
+        record::encode_writes_count(&mut buf, 1);
+        record::encode_write(
+            &mut buf,
+            key.as_bytes(),
+            1,
+            WriteSource::Put(ValueSource::Bytes(b"v")),
+        );
+        record::encode_checkpoints(&mut buf, std::iter::empty());
+        record::encode_quarantine(&mut buf, &[]);
+        record::encode_adds(&mut buf, &[]);
+        buf
+    }
+
+    /// Whether the overlay for `batch` holds `key` (rather than nothing).
+    fn overlay_holds(pending: &mut Pending, index: &Index, batch: &Batch, key: &str) -> bool {
+        let (_, hashes) = hash_batch(batch);
+        let overlay = pending.overlay(index, batch.id(), batch.deliveries(), &hashes);
+        overlay.keys.get(key.as_bytes()).is_some()
+    }
+
+    #[test]
+    fn the_overlay_follows_records_pushed_after_others_were_published() {
+        let mut index = Index::new(TTLS);
+        let mut pending = Pending::new(TTLS);
+        pending.push(&body("A", "ea", "ka"), 1_000, 1, 100, 10, false);
+        pending.push(&body("B", "eb", "kb"), 1_000, 1, 200, 20, false);
+        let elsewhere = Batch::new("X").put("ex", "kx", 1, "v");
+        assert!(
+            !overlay_holds(&mut pending, &index, &elsewhere, "kb"),
+            "touches neither"
+        );
+        let on_b = Batch::new("Y").put("ey", "kb", 2, "v");
+        assert!(
+            overlay_holds(&mut pending, &index, &on_b, "kb"),
+            "touches B's key"
+        );
+        pending.publish(10, &mut index);
+        assert!(index.keys.get(b"ka").is_some(), "A is published");
+        pending.push(&body("C", "ec", "kc"), 1_000, 1, 300, 30, false);
+        for (batch, key) in [
+            (Batch::new("Z").put("ez", "kc", 2, "v"), "kc"),
+            (Batch::new("Z").put("ec", "kz", 2, "v"), "kc"),
+            (Batch::new("C"), "kc"),
+            (Batch::new("Z").put("ez", "kb", 2, "v"), "kb"),
+        ] {
+            assert!(
+                overlay_holds(&mut pending, &index, &batch, key),
+                "{batch:?}"
+            );
+            // The effects are now built for every pending record; start over.
+            pending.forget_delta();
+        }
+        assert!(!overlay_holds(&mut pending, &index, &elsewhere, "kc"));
+        pending.publish(30, &mut index);
+        assert!(
+            pending.is_empty() && pending.touched.is_empty,
+            "nothing pending, nothing touched"
+        );
+    }
+
+    #[test]
+    fn a_touch_filter_holds_every_hash_added_until_cleared() {
+        let hash = |i: u64| xxh3_64(&i.to_le_bytes());
+        let mut filter = TouchFilter::default();
+        for i in 0..2_000 {
+            filter.add(hash(i));
+        }
+        assert!((0..2_000).all(|i| filter.may_contain(hash(i))));
+        let false_positives = (2_000..22_000)
+            .filter(|&i| filter.may_contain(hash(i)))
+            .count();
+        assert!(false_positives < 400, "{false_positives} of 20 000");
+        filter.clear();
+        assert!((0..22_000).all(|i| !filter.may_contain(hash(i))));
+    }
 }

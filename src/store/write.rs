@@ -92,14 +92,16 @@ impl Store {
 
         let (planned, committed_ms) = {
             let index = self.index.read();
-            let pending = writer.pending.delta(&index);
             // The log's clock never goes back, whatever the clock says.
             let now_ms = self
                 .options
                 .clock
                 .now_ms()
                 .max(index.log_time_ms)
-                .max(pending.log_time_ms);
+                .max(writer.pending.log_time_ms());
+            let pending = writer
+                .pending
+                .overlay(&index, batch.id(), batch.deliveries(), &hashes);
             let committed = match pending.batches.get(batch.id()) {
                 Some(_) => pending.batch_at(batch.id(), now_ms),
                 None => index.batch_at(batch.id(), now_ms),
@@ -214,9 +216,14 @@ impl Store {
                     writer.log.start_write_back(&placed);
                     self.index.write().apply_seen(&written);
                 }
-                writer
-                    .pending
-                    .push(body, placed.segment, placed.body_at, lsn_end, is_early);
+                writer.pending.push(
+                    body,
+                    written.committed_ms,
+                    placed.segment,
+                    placed.body_at,
+                    lsn_end,
+                    is_early,
+                );
             }
         }
         self.commit.written(lsn_end, writer.log.active_file());
