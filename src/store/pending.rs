@@ -53,8 +53,8 @@ pub(crate) struct Pending {
     /// Stands for the effects when a batch touches none of them.
     empty: Index,
     /// The batch ids, keys and seen ids of the first `touched_covers`
-    /// records, and of some already published: added only when a planner
-    /// asks (a lone writer never does), cleared when none is pending.
+    /// records: added only when a planner asks (a lone writer never
+    /// does), cleared whenever records are published.
     touched: TouchFilter,
     touched_covers: usize,
     /// The commit time of the newest record pushed.
@@ -158,18 +158,18 @@ impl Pending {
 
     /// Applies to `index`, in log order, every record that ends at or before `lsn`.
     pub(crate) fn publish(&mut self, lsn: u64, index: &mut Index) {
-        let mut published = 0;
+        let mut published = false;
         while self.records.front().is_some_and(|r| r.lsn_end <= lsn) {
             let r = self.records.pop_front().expect("front exists");
             apply(index, &r, None);
-            published += 1;
+            published = true;
         }
-        if published > 0 {
+        if published {
             self.forget_delta();
-            self.touched_covers = self.touched_covers.saturating_sub(published);
-            if self.records.is_empty() {
-                self.touched.clear();
-            }
+            // Rebuilt from the records still pending when next asked, so
+            // that published ones do not fill it up.
+            self.touched.clear();
+            self.touched_covers = 0;
         }
     }
 
@@ -314,6 +314,10 @@ mod tests {
         );
         pending.publish(10, &mut index);
         assert!(index.keys.get(b"ka").is_some(), "A is published");
+        assert!(
+            pending.touched.is_empty,
+            "to be rebuilt from B when next asked"
+        );
         pending.push(&body("C", "ec", "kc"), 1_000, 1, 300, 30, false);
         for (batch, key) in [
             (Batch::new("Z").put("ez", "kc", 2, "v"), "kc"),
