@@ -1,6 +1,8 @@
 //! A blocked Bloom filter over seen ids, so that most lookups of an id never
 //! seen cost one cache line instead of the seen index's two or three (and
-//! inserting one skips the search for an old record of it).
+//! inserting one skips the search for an old record of it). The pending
+//! batches keep one too, of the hashes of what they touched
+//! (`store/pending.rs`).
 //!
 //! Ids are already uniform 128-bit hashes: the first word picks a 64-byte
 //! block (by multiply-shift, so that any block count works and the filter is
@@ -103,6 +105,19 @@ impl IdFilter {
         self.added >= self.capacity
     }
 
+    /// Whether no id was added since it was made or cleared.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.added == 0
+    }
+
+    /// Forgets every id, keeping the size.
+    pub(crate) fn clear(&mut self) {
+        if !self.is_empty() {
+            self.blocks.fill(Block::default());
+            self.added = 0;
+        }
+    }
+
     /// Asks the CPU to fetch `id`'s block, so that a lookup a little later
     /// finds it in cache.
     pub(crate) fn prefetch(&self, id: [u64; 2]) {
@@ -125,6 +140,21 @@ mod tests {
     fn id(i: u64) -> [u64; 2] {
         let h = xxh3_128(&i.to_le_bytes());
         [(h >> 64) as u64, h as u64]
+    }
+
+    #[test]
+    fn clear_forgets_every_id_and_keeps_the_size() {
+        let mut filter = IdFilter::with_capacity(1_000);
+        assert!(filter.is_empty());
+        for i in 0..1_000 {
+            filter.add(id(i));
+        }
+        assert!(!filter.is_empty() && (0..1_000).all(|i| filter.may_contain(id(i))));
+        let bytes = filter.memory_bytes();
+        filter.clear();
+        assert!(filter.is_empty() && !filter.is_full());
+        assert!((0..1_000).all(|i| !filter.may_contain(id(i))));
+        assert_eq!(filter.memory_bytes(), bytes);
     }
 
     #[test]

@@ -23,13 +23,24 @@
 
 use std::collections::VecDeque;
 
-use xxhash_rust::xxh3::xxh3_64;
+use xxhash_rust::xxh3::xxh3_128;
 
 use crate::apply::classify::DeliveryHash;
 use crate::batch::Delivery;
 use crate::format::record::decode_own_batch;
 use crate::index::Index;
 use crate::index::expiry::Ttls;
+use crate::index::id_filter::IdFilter;
+
+/// What the filter of touched ids is sized for: a few hundred 10-delivery
+/// batches' worth, in 8 KiB. Past it, false positives grow (each costs
+/// building the effects), never false negatives.
+const TOUCHED_IDS: usize = 8192;
+
+/// A 128-bit hash as the filter takes it.
+fn words(hash: u128) -> [u64; 2] {
+    [(hash >> 64) as u64, hash as u64]
+}
 
 /// One written record, kept until it is published.
 #[derive(Debug)]
@@ -55,7 +66,7 @@ pub(crate) struct Pending {
     /// The batch ids, keys and seen ids of the first `touched_covers`
     /// records: added only when a planner asks (a lone writer never
     /// does), cleared whenever records are published.
-    touched: TouchFilter,
+    touched: IdFilter,
     touched_covers: usize,
     /// The commit time of the newest record pushed.
     log_time_ms: u64,
@@ -69,7 +80,7 @@ impl Pending {
             delta: Index::new(ttls),
             delta_covers: 0,
             empty: Index::new(ttls),
-            touched: TouchFilter::default(),
+            touched: IdFilter::with_capacity(TOUCHED_IDS),
             touched_covers: 0,
             log_time_ms: 0,
         }
@@ -132,18 +143,19 @@ impl Pending {
     ) -> bool {
         for r in self.records.iter().skip(self.touched_covers) {
             let record = decode_own_batch(&r.body).expect("a written record decodes");
-            self.touched.add(xxh3_64(record.batch_id));
+            self.touched.add(words(xxh3_128(record.batch_id)));
             for w in &record.writes {
-                self.touched.add(xxh3_64(w.key));
+                self.touched.add(words(xxh3_128(w.key)));
             }
             for &(id, _) in &record.seen {
-                self.touched.add(id as u64);
+                self.touched.add(words(id));
             }
         }
         self.touched_covers = self.records.len();
-        self.touched.may_contain(xxh3_64(batch_id))
+        self.touched.may_contain(words(xxh3_128(batch_id)))
             || deliveries.iter().zip(hashes).any(|(d, h)| {
-                self.touched.may_contain(h.id as u64) || self.touched.may_contain(xxh3_64(&d.key))
+                self.touched.may_contain(words(h.id))
+                    || self.touched.may_contain(words(xxh3_128(&d.key)))
             })
     }
 
@@ -197,66 +209,15 @@ fn apply(target: &mut Index, r: &Written, under: Option<&Index>) {
     applied.expect("a written record applies in log order");
 }
 
-/// A Bloom filter of 64-bit hashes (two bits each in 64 Ki bits): no false
-/// negatives, and for the few hundred items a handful of pending batches
-/// hold, few false positives (which only cost building the effects).
-#[derive(Debug)]
-struct TouchFilter {
-    words: Box<[u64; TouchFilter::WORDS]>,
-    is_empty: bool,
-}
-
-impl Default for TouchFilter {
-    fn default() -> Self {
-        Self {
-            words: Box::new([0; Self::WORDS]),
-            is_empty: true,
-        }
-    }
-}
-
-impl TouchFilter {
-    const WORDS: usize = 1024;
-
-    /// The two bits of `hash`: its low and its high 16 bits.
-    fn bits(hash: u64) -> [usize; 2] {
-        [(hash & 0xffff) as usize, (hash >> 48) as usize]
-    }
-
-    fn add(&mut self, hash: u64) {
-        for bit in Self::bits(hash) {
-            if let Some(word) = self.words.get_mut(bit / 64) {
-                *word |= 1 << (bit % 64);
-            }
-        }
-        self.is_empty = false;
-    }
-
-    fn may_contain(&self, hash: u64) -> bool {
-        Self::bits(hash).into_iter().all(|bit| {
-            self.words
-                .get(bit / 64)
-                .is_some_and(|w| w & (1 << (bit % 64)) != 0)
-        })
-    }
-
-    fn clear(&mut self) {
-        if !self.is_empty {
-            self.words.fill(0);
-            self.is_empty = true;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{Pending, TouchFilter};
+    use super::Pending;
     use crate::Batch;
     use crate::apply::classify::hash_batch;
     use crate::format::record::{self, ValueSource, WriteSource};
     use crate::index::Index;
     use crate::index::expiry::Ttls;
-    use xxhash_rust::xxh3::{xxh3_64, xxh3_128};
+    use xxhash_rust::xxh3::xxh3_128;
 
     const TTLS: Ttls = Ttls {
         seen_ms: None,
@@ -315,7 +276,7 @@ mod tests {
         pending.publish(10, &mut index);
         assert!(index.keys.get(b"ka").is_some(), "A is published");
         assert!(
-            pending.touched.is_empty,
+            pending.touched.is_empty(),
             "to be rebuilt from B when next asked"
         );
         pending.push(&body("C", "ec", "kc"), 1_000, 1, 300, 30, false);
@@ -335,24 +296,8 @@ mod tests {
         assert!(!overlay_holds(&mut pending, &index, &elsewhere, "kc"));
         pending.publish(30, &mut index);
         assert!(
-            pending.is_empty() && pending.touched.is_empty,
+            pending.is_empty() && pending.touched.is_empty(),
             "nothing pending, nothing touched"
         );
-    }
-
-    #[test]
-    fn a_touch_filter_holds_every_hash_added_until_cleared() {
-        let hash = |i: u64| xxh3_64(&i.to_le_bytes());
-        let mut filter = TouchFilter::default();
-        for i in 0..2_000 {
-            filter.add(hash(i));
-        }
-        assert!((0..2_000).all(|i| filter.may_contain(hash(i))));
-        let false_positives = (2_000..22_000)
-            .filter(|&i| filter.may_contain(hash(i)))
-            .count();
-        assert!(false_positives < 400, "{false_positives} of 20 000");
-        filter.clear();
-        assert!((0..22_000).all(|i| !filter.may_contain(hash(i))));
     }
 }
