@@ -113,7 +113,9 @@ fn as_u128(id: [u64; 2]) -> u128 {
     (u128::from(id[0]) << 64) | u128::from(id[1])
 }
 
-fn split(id: u128) -> [u64; 2] {
+/// A 128-bit id as two words, high then low, as the index and its filter
+/// hold it.
+pub(crate) fn split(id: u128) -> [u64; 2] {
     [(id >> 64) as u64, id as u64]
 }
 

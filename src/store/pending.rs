@@ -31,16 +31,12 @@ use crate::format::record::decode_own_batch;
 use crate::index::Index;
 use crate::index::expiry::Ttls;
 use crate::index::id_filter::IdFilter;
+use crate::index::seen::split;
 
 /// What the filter of touched ids is sized for: a few hundred 10-delivery
 /// batches' worth, in 8 KiB. Past it, false positives grow (each costs
 /// building the effects), never false negatives.
 const TOUCHED_IDS: usize = 8192;
-
-/// A 128-bit hash as the filter takes it.
-fn words(hash: u128) -> [u64; 2] {
-    [(hash >> 64) as u64, hash as u64]
-}
 
 /// One written record, kept until it is published.
 #[derive(Debug)]
@@ -143,19 +139,19 @@ impl Pending {
     ) -> bool {
         for r in self.records.iter().skip(self.touched_covers) {
             let record = decode_own_batch(&r.body).expect("a written record decodes");
-            self.touched.add(words(xxh3_128(record.batch_id)));
+            self.touched.add(split(xxh3_128(record.batch_id)));
             for w in &record.writes {
-                self.touched.add(words(xxh3_128(w.key)));
+                self.touched.add(split(xxh3_128(w.key)));
             }
             for &(id, _) in &record.seen {
-                self.touched.add(words(id));
+                self.touched.add(split(id));
             }
         }
         self.touched_covers = self.records.len();
-        self.touched.may_contain(words(xxh3_128(batch_id)))
+        self.touched.may_contain(split(xxh3_128(batch_id)))
             || deliveries.iter().zip(hashes).any(|(d, h)| {
-                self.touched.may_contain(words(h.id))
-                    || self.touched.may_contain(words(xxh3_128(&d.key)))
+                self.touched.may_contain(split(h.id))
+                    || self.touched.may_contain(split(xxh3_128(&d.key)))
             })
     }
 
