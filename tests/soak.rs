@@ -701,7 +701,9 @@ struct Tally {
     /// The highest acknowledged batch of each writer.
     acked: Vec<Option<u64>>,
     torn_tails_cut: u64,
-    verify_dir_refused: u64,
+    /// Why `verify_dir` refused a directory a child left, and how many torn
+    /// bytes the open after it cut.
+    verify_dir_refusals: Vec<String>,
     snapshots_rejected: Vec<String>,
     longest_check: Duration,
     last_stats: Option<idemkv::Stats>,
@@ -732,14 +734,17 @@ fn check_after_child(work: &Path, tally: &mut Tally) -> Result<(), String> {
     let dir = work.join(STORE_DIR);
     // Before open repairs anything: a kill may leave a torn tail (which
     // verify_dir calls corruption and open cuts off), nothing worse.
-    let refused = Store::verify_dir(&dir, &options()).is_err();
+    let refused = Store::verify_dir(&dir, &options()).err();
     let store = Store::open(&dir, options()).map_err(|e| format!("open after the child: {e}"))?;
     let stats = store.stats();
     if stats.torn_bytes_discarded > 0 {
         tally.torn_tails_cut += 1;
     }
-    if refused {
-        tally.verify_dir_refused += 1;
+    if let Some(e) = refused {
+        let torn = stats.torn_bytes_discarded;
+        tally
+            .verify_dir_refusals
+            .push(format!("{e} (open then cut {torn} torn bytes)"));
     }
     if let Some(reason) = &stats.snapshot_rejected {
         tally.snapshots_rejected.push(reason.clone());
@@ -1023,7 +1028,7 @@ fn soak(label: &str, secs: u64, max_delay_ms: u64) {
         count("compact"),
         count("snapshot"),
         tally.torn_tails_cut,
-        tally.verify_dir_refused,
+        tally.verify_dir_refusals.len(),
         tally.snapshots_rejected.len(),
         tally.longest_check.as_secs_f64(),
     );
@@ -1042,6 +1047,9 @@ fn soak(label: &str, secs: u64, max_delay_ms: u64) {
     }
     for reason in &tally.snapshots_rejected {
         println!("{label}: a snapshot was rejected at open: {reason}");
+    }
+    for reason in &tally.verify_dir_refusals {
+        println!("{label}: verify_dir refused a directory a child left: {reason}");
     }
     if let Some(failure) = failure {
         let kept = tmp.keep();
