@@ -733,7 +733,9 @@ fn check_after_child(work: &Path, tally: &mut Tally) -> Result<(), String> {
     }
     let dir = work.join(STORE_DIR);
     // Before open repairs anything: a kill may leave a torn tail (which
-    // verify_dir calls corruption and open cuts off), nothing worse.
+    // verify_dir calls corruption and open cuts off) or, in a rotation, a
+    // new segment whose header is torn (which open writes again, cutting
+    // no torn bytes), nothing worse: the store must then verify.
     let refused = Store::verify_dir(&dir, &options()).err();
     let store = Store::open(&dir, options()).map_err(|e| format!("open after the child: {e}"))?;
     let stats = store.stats();
