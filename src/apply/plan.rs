@@ -22,6 +22,7 @@
 //! and failing would stop the pipeline on every later retry.
 
 use std::borrow::Cow;
+use std::collections::hash_map::Entry;
 
 use bytes::Bytes;
 
@@ -144,18 +145,19 @@ impl<'b, V: StateView> Planner<'b, '_, V> {
     }
 
     fn write(&mut self, key: &'b [u8], seq: u64, op: WriteSource<'b>) {
-        match self.touched.get(key) {
-            Some(&i) => {
+        let write = PlannedWrite { key, seq, op };
+        match self.touched.entry(key) {
+            Entry::Occupied(at) => {
                 let w = self
                     .plan
                     .writes
-                    .get_mut(i)
+                    .get_mut(*at.get())
                     .expect("touched indexes point into writes");
-                *w = PlannedWrite { key, seq, op };
+                *w = write;
             }
-            None => {
-                self.touched.insert(key, self.plan.writes.len());
-                self.plan.writes.push(PlannedWrite { key, seq, op });
+            Entry::Vacant(at) => {
+                at.insert(self.plan.writes.len());
+                self.plan.writes.push(write);
             }
         }
     }
