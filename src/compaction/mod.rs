@@ -102,11 +102,13 @@ pub(crate) fn rewrite(
     // Read the base back with the loader `open` uses: a base that would not
     // load is never put in place.
     let map = file.map(0).map_err(|e| Error::io("map", &tmp_path, e))?;
-    let loaded = recovery::load_base(&map, base_id, ttls).map_err(|reason| Error::Corruption {
-        segment: u64::from(base_id),
-        file: tmp_path.display().to_string(),
-        offset: 0,
-        reason: format!("a base segment just written does not load: {reason}"),
+    let loaded = recovery::load_base(file.as_ref(), &map, base_id, ttls).map_err(|reason| {
+        Error::Corruption {
+            segment: u64::from(base_id),
+            file: tmp_path.display().to_string(),
+            offset: 0,
+            reason: format!("a base segment just written does not load: {reason}"),
+        }
     })?;
     let replaced_bytes = replaced.iter().map(|&(_, len)| len).sum();
     Ok(Rewritten {

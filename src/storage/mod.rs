@@ -114,6 +114,14 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
     /// implementation may map that far so that later appends need no remap.
     /// Callers never read past what they know was written.
     fn map(&self, reserve: u64) -> io::Result<Bytes>;
+    /// Hints that the caller has read `map[..upto]`, where `map` starts a
+    /// map this file returned, and will not soon again: its pages may leave
+    /// the process's resident memory (they stay cached, and a later read
+    /// brings them back). Loading a snapshot or replaying a segment reads a
+    /// whole file through its map, which would otherwise count all of it in
+    /// the process's memory until the map goes. Anything else passed in is
+    /// left alone. The default does nothing.
+    fn release_pages(&self, _map: &[u8], _upto: usize) {}
     /// Reads exactly `buf.len()` bytes at `offset`, inside what was written.
     /// Unlike reading through a map, this brings no page into the process:
     /// the engine uses it for scattered small reads, so that the log's pages

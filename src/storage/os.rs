@@ -7,8 +7,18 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use parking_lot::Mutex;
 
 use super::{OpenMode, Storage, StorageFile};
+
+/// The page size, which `madvise` ranges are aligned to.
+#[cfg(target_os = "linux")]
+fn page_size() -> usize {
+    // SAFETY: sysconf only reads a system constant.
+    #[expect(unsafe_code, reason = "sysconf has no safe wrapper in std")]
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size).unwrap_or(4096).max(1)
+}
 
 /// The operating system's file system.
 #[derive(Debug, Default, Clone, Copy)]
@@ -42,7 +52,10 @@ impl Storage for OsStorage {
             OpenMode::Append => OpenOptions::new().read(true).write(true).open(path)?,
             OpenMode::Read => OpenOptions::new().read(true).open(path)?,
         };
-        Ok(Arc::new(OsFile { file }))
+        Ok(Arc::new(OsFile {
+            file,
+            maps: Arc::default(),
+        }))
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
@@ -77,6 +90,36 @@ impl Storage for OsStorage {
 #[derive(Debug)]
 struct OsFile {
     file: File,
+    /// The address ranges of this file's maps still alive, so that
+    /// `release_pages` only ever advises memory that is one of them.
+    maps: LiveMaps,
+}
+
+type LiveMaps = Arc<Mutex<Vec<(usize, usize)>>>;
+
+/// A map of a file, registered in its file's `maps` while it lives.
+struct FileMap {
+    map: memmap2::Mmap,
+    live: LiveMaps,
+}
+
+impl FileMap {
+    fn range(&self) -> (usize, usize) {
+        (self.map.as_ptr() as usize, self.map.len())
+    }
+}
+
+impl AsRef<[u8]> for FileMap {
+    fn as_ref(&self) -> &[u8] {
+        &self.map
+    }
+}
+
+impl Drop for FileMap {
+    fn drop(&mut self) {
+        let range = self.range();
+        self.live.lock().retain(|&r| r != range);
+    }
 }
 
 impl StorageFile for OsFile {
@@ -147,13 +190,85 @@ impl StorageFile for OsFile {
         // the truncated region is handed out). The file is private to the
         // store, which holds the directory lock, so no other process
         // shrinks it.
-        #[expect(unsafe_code, reason = "memory-mapping is the one unsafe operation")]
+        #[expect(unsafe_code, reason = "memory-mapping a file has no safe wrapper")]
         let map = unsafe { memmap2::MmapOptions::new().len(len).map(&self.file)? };
+        let map = FileMap {
+            map,
+            live: Arc::clone(&self.maps),
+        };
+        self.maps.lock().push(map.range());
         Ok(Bytes::from_owner(map))
+    }
+
+    #[cfg(target_os = "linux")]
+    fn release_pages(&self, map: &[u8], upto: usize) {
+        let page = page_size();
+        let start = map.as_ptr() as usize;
+        let first = start.next_multiple_of(page);
+        let end = start + upto.min(map.len());
+        let end = end - end % page;
+        if end <= first {
+            return;
+        }
+        let maps = self.maps.lock();
+        if !maps.iter().any(|&(at, len)| at <= first && end <= at + len) {
+            return;
+        }
+        // SAFETY: [first, end) lies inside a live read-only shared map of
+        // this file (checked above, and the lock keeps it alive meanwhile).
+        // Dropping such pages changes no byte a reader sees: the next read
+        // maps the file's page again from the page cache. Its result is a
+        // hint's, ignored.
+        #[expect(unsafe_code, reason = "madvise has no safe wrapper in std")]
+        let _ =
+            unsafe { libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_DONTNEED) };
     }
 
     #[cfg(unix)]
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         std::os::unix::fs::FileExt::read_exact_at(&self.file, buf, offset)
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// Resident KiB of the mapping that starts at `at` (from /proc/self/smaps).
+    fn resident_kib(at: usize) -> u64 {
+        let smaps = fs::read_to_string("/proc/self/smaps").expect("smaps");
+        let start = format!("{at:x}-");
+        let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&start));
+        lines
+            .find_map(|l| l.strip_prefix("Rss:"))
+            .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+            .expect("the mapping is listed")
+    }
+
+    #[test]
+    fn released_pages_leave_resident_memory_and_read_back_the_same() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("f");
+        let bytes: Vec<u8> = (0..4u32 << 20).map(|i| (i % 251) as u8).collect();
+        fs::write(&path, &bytes).expect("write");
+        let file = OsStorage.open(&path, OpenMode::Read).expect("open");
+        let map = file.map(0).expect("map");
+        let at = map.as_ptr() as usize;
+        assert_eq!(&map[..], &bytes[..], "read every page");
+        assert!(resident_kib(at) >= 4 << 10, "{} KiB", resident_kib(at));
+
+        // Half, then a slice that is not a map (left alone), then all.
+        file.release_pages(&map, 2 << 20);
+        let half = resident_kib(at);
+        assert!(half <= 2 << 10, "{half} KiB resident after releasing half");
+        let heap = bytes.clone();
+        file.release_pages(&heap, heap.len());
+        assert_eq!(
+            heap, bytes,
+            "memory that is no map of the file is untouched"
+        );
+        file.release_pages(&map, map.len());
+        assert_eq!(resident_kib(at), 0);
+        assert_eq!(&map[..], &bytes[..], "released pages read back the same");
     }
 }
