@@ -3,10 +3,10 @@
 //! Both read whole files through memory maps (the snapshot or a base
 //! segment, and the log replayed after it), and a compaction builds and
 //! frees indexes as large as the live one. The pages read go back as the
-//! walk passes them, and the freed heap goes back to the system
-//! (DESIGN.md, "Index memory"), so that the process's peak during an open
-//! stays near what the open store holds, and a compaction leaves it where
-//! it was.
+//! walk passes them, and a compaction hands the heap it freed back
+//! (DESIGN.md, "Memory beyond the index"), so that the process's peak
+//! during an open stays near what the open store holds, and a compaction
+//! leaves no file's pages behind.
 //!
 //! The measurements come from a process of their own, one that only opens
 //! and compacts: `memory_child_process` does the work when
@@ -39,9 +39,9 @@ fn memory_kib() -> [u64; 3] {
     [field("VmHWM:"), field("VmRSS:"), field("RssFile:")]
 }
 
-/// A store of 600,000 events over 200,000 keys (a snapshot of about 25 MiB
-/// with its seen ids, and as much log again), closed without a snapshot of
-/// its end, so that an open loads the snapshot and replays the log after it.
+/// A store of 600,000 events over 200,000 keys, with a snapshot halfway
+/// and as much log after it, left without a snapshot of its end, so that
+/// an open loads the snapshot and replays the log after it.
 fn fill(dir: &Path) {
     let options = Options::default()
         .durability(Durability::Buffered)
