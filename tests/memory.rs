@@ -6,7 +6,8 @@
 //! walk passes them, and a compaction hands the heap it freed back
 //! (DESIGN.md, "Memory beyond the index"), so that the process's peak
 //! during an open stays near what the open store holds, and a compaction
-//! leaves no file's pages behind.
+//! leaves no file's pages behind; nor does a digest, which reads every
+//! live value through the maps.
 //!
 //! The measurements come from a process of their own, one that only opens
 //! and compacts: `memory_child_process` does the work when
@@ -82,11 +83,14 @@ fn memory_child_process() {
     let [_, before, _] = memory_kib();
     let store = Store::open(PathBuf::from(dir), Options::default()).expect("open");
     let [open_peak, open, open_files] = memory_kib();
+    store.digest().expect("digest");
+    let [_, _, digested_files] = memory_kib();
     store.compact().expect("compact");
     let [_, _, compacted_files] = memory_kib();
     println!(
         "memory: before {before} open-peak {open_peak} open {open} \
-         open-files {open_files} compacted-files {compacted_files}"
+         open-files {open_files} digested-files {digested_files} \
+         compacted-files {compacted_files}"
     );
     store.close().expect("close");
 }
@@ -122,8 +126,16 @@ fn opening_and_compacting_give_back_what_they_read_and_freed() {
         .split_whitespace()
         .filter_map(|w| w.parse().ok())
         .collect();
-    let [before, open_peak, open, open_files, compacted_files] = figures[..] else {
-        panic!("five figures: {out}");
+    let [
+        before,
+        open_peak,
+        open,
+        open_files,
+        digested_files,
+        compacted_files,
+    ] = figures[..]
+    else {
+        panic!("six figures: {out}");
     };
     let held = open - before;
     assert!(
@@ -132,13 +144,18 @@ fn opening_and_compacting_give_back_what_they_read_and_freed() {
     );
     // Without the releases, the open peaked 25 MiB above what it holds
     // (the snapshot file's pages), 7 MiB with them; the compaction left
-    // every page of the base file mapped (38 MiB more, 0 with them). Free
+    // every page of the base file mapped (38 MiB more, 0 with them), and a
+    // digest the pages of every live value it read. Free
     // heap is not checked: glibc keeps what a thread frees at the top of
     // its arena, which `malloc_trim` does not hand back.
     assert!(
         open_peak - open < 14 << 10,
         "open peaked {} KiB above what it holds ({open} KiB)",
         open_peak - open
+    );
+    assert!(
+        digested_files < open_files + (4 << 10),
+        "the digest left {digested_files} KiB of file pages, the open store {open_files} KiB"
     );
     assert!(
         compacted_files < open_files + (4 << 10),

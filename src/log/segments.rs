@@ -86,6 +86,15 @@ impl SegmentMaps {
         self.maps.read().keys().min().copied()
     }
 
+    /// Lets every page of the maps leave the process's resident memory
+    /// (`StorageFile::release_pages`): for a caller that has just read
+    /// values all over the log, such as a digest.
+    pub(crate) fn release_pages(&self) {
+        for m in self.maps.read().values() {
+            m.file.release_pages(&m.map, m.map.len());
+        }
+    }
+
     /// Total bytes of the mapped segments' files, and how many there are.
     pub(crate) fn disk_bytes(&self) -> (u64, u64) {
         let maps = self.maps.read();

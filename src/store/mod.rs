@@ -369,7 +369,9 @@ impl Store {
     }
 
     /// The digest of the logical state: live rows (key, seq, value) in key
-    /// order, then checkpoints. Equal states have equal digests.
+    /// order, then checkpoints. Equal states have equal digests. The pages
+    /// of the values it reads leave the process's resident memory when it
+    /// returns.
     ///
     /// # Errors
     /// `Corruption` if a value fails its checksum.
@@ -384,6 +386,8 @@ impl Store {
         for (source, position) in &index.checkpoints {
             builder.checkpoint(source, position);
         }
+        // The pages of every live value were mapped in; none is needed now.
+        self.maps.release_pages();
         Ok(builder.finish())
     }
 
