@@ -19,8 +19,8 @@ use crate::format::segment::{
     FRAME_HEADER_LEN, FileKind, SEGMENT_HEADER_LEN, encode_frame, encode_segment_header,
 };
 use crate::format::state::{
-    self, AddMarkView, BatchView, KeyValue, QuarantinedView, STATE_RECORD_BYTES_TARGET, SeenView,
-    StateEnd,
+    self, AddMarkView, BatchView, KeyValue, QuarantinedView, SEEN_ENTRY_LEN,
+    STATE_RECORD_BYTES_TARGET, SeenView, StateEnd,
 };
 use crate::index::Index;
 use crate::index::keys::KeyState;
@@ -37,6 +37,11 @@ pub(crate) enum Values<'a> {
     Refs,
 }
 
+/// Room at the front of a record being built: the frame header, then the
+/// longest entry count (a varint).
+const COUNT_BYTES_MAX: usize = 10;
+const ENTRIES_AT: usize = FRAME_HEADER_LEN + COUNT_BYTES_MAX;
+
 /// Appends framed state records to a new file.
 struct StateWriter<'a> {
     file: Arc<dyn StorageFile>,
@@ -45,7 +50,9 @@ struct StateWriter<'a> {
     offset: u64,
     kind: u8,
     count: usize,
-    entries: Vec<u8>,
+    /// The record being built: its entries from `ENTRIES_AT`, after room
+    /// for its count and frame header, which are written once the count is
+    /// known, right before the entries, so the entries are never copied.
     record: Vec<u8>,
 }
 
@@ -56,11 +63,48 @@ impl StateWriter<'_> {
         Ok(())
     }
 
+    fn entries_len(&self) -> usize {
+        self.record.len() - ENTRIES_AT
+    }
+
     fn entry(&mut self, encode: impl FnOnce(&mut Vec<u8>)) -> Result<()> {
-        encode(&mut self.entries);
+        encode(&mut self.record);
         self.count += 1;
-        if self.entries.len() >= STATE_RECORD_BYTES_TARGET {
+        if self.entries_len() >= STATE_RECORD_BYTES_TARGET {
             self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// As many calls of `entry` as `items` yields, for entries of exactly
+    /// `entry_bytes` each: the records end where `entry` would end them,
+    /// but each is filled by one loop.
+    fn fixed_entries<T>(
+        &mut self,
+        entry_bytes: usize,
+        mut items: impl ExactSizeIterator<Item = T>,
+        mut encode: impl FnMut(&mut Vec<u8>, T),
+    ) -> Result<()> {
+        while items.len() > 0 {
+            let room = STATE_RECORD_BYTES_TARGET
+                .saturating_sub(self.entries_len())
+                .div_ceil(entry_bytes)
+                .max(1);
+            let take = room.min(items.len());
+            self.record.reserve(take * entry_bytes);
+            for item in items.by_ref().take(take) {
+                let before = self.record.len();
+                encode(&mut self.record, item);
+                debug_assert_eq!(
+                    self.record.len() - before,
+                    entry_bytes,
+                    "a fixed-size entry"
+                );
+            }
+            self.count += take;
+            if self.entries_len() >= STATE_RECORD_BYTES_TARGET {
+                self.flush()?;
+            }
         }
         Ok(())
     }
@@ -69,17 +113,21 @@ impl StateWriter<'_> {
         if self.count == 0 {
             return Ok(());
         }
-        self.record.clear();
-        self.record.resize(FRAME_HEADER_LEN, 0);
-        state::encode_count(&mut self.record, self.count);
-        self.record.extend_from_slice(&self.entries);
-        self.append()?;
-        self.entries.clear();
+        let mut count = Vec::with_capacity(COUNT_BYTES_MAX);
+        state::encode_count(&mut count, self.count);
+        let count_at = ENTRIES_AT - count.len();
+        self.record
+            .get_mut(count_at..ENTRIES_AT)
+            .expect("the room at the front holds any count")
+            .copy_from_slice(&count);
+        self.append(count_at - FRAME_HEADER_LEN)?;
+        self.record.truncate(ENTRIES_AT);
         self.count = 0;
         Ok(())
     }
 
-    fn append(&mut self) -> Result<()> {
+    /// Frames and appends the record that starts at `start` in `record`.
+    fn append(&mut self, start: usize) -> Result<()> {
         let offset = u32::try_from(self.offset).map_err(|_| {
             Error::io(
                 "write",
@@ -87,13 +135,17 @@ impl StateWriter<'_> {
                 std::io::Error::other("state file over 4 GiB"),
             )
         })?;
-        let (header, body) = self.record.split_at_mut(FRAME_HEADER_LEN);
+        let record = self
+            .record
+            .get_mut(start..)
+            .expect("a record starts inside the buffer");
+        let (header, body) = record.split_at_mut(FRAME_HEADER_LEN);
         // A state file is synced whole before it is used: no record relies on `synced_to`.
         encode_frame(header, self.kind, body, self.segment_id, offset, 0);
         self.file
-            .append(&self.record)
+            .append(record)
             .map_err(|e| Error::io("append", self.path, e))?;
-        self.offset += self.record.len() as u64;
+        self.offset += record.len() as u64;
         Ok(())
     }
 
@@ -103,7 +155,7 @@ impl StateWriter<'_> {
         self.record.clear();
         self.record.resize(FRAME_HEADER_LEN, 0);
         state::encode_end(&mut self.record, end);
-        self.append()
+        self.append(0)
     }
 }
 
@@ -137,8 +189,7 @@ pub(crate) fn write(
         offset: SEGMENT_HEADER_LEN as u64,
         kind: state::KIND_KEYS,
         count: 0,
-        entries: Vec::new(),
-        record: Vec::new(),
+        record: vec![0; ENTRIES_AT],
     };
 
     w.section(state::KIND_KEYS)?;
@@ -183,18 +234,16 @@ pub(crate) fn write(
     end.totals[0] = index.keys.live_count() + index.keys.tombstone_count();
 
     w.section(state::KIND_SEEN)?;
-    for (id, seen) in index.seen.iter() {
-        w.entry(|b| {
-            state::encode_seen(
-                b,
-                SeenView {
-                    id,
-                    payload: seen.payload,
-                    at_secs: seen.at_secs,
-                },
-            )
-        })?;
-    }
+    index.seen.try_for_each_sorted(|part| {
+        w.fixed_entries(SEEN_ENTRY_LEN, part.iter(), |b, (id, seen)| {
+            let view = SeenView {
+                id,
+                payload: seen.payload,
+                at_secs: seen.at_secs,
+            };
+            state::encode_seen(b, view);
+        })
+    })?;
     end.totals[1] = index.seen.len();
 
     w.section(state::KIND_BATCHES)?;
@@ -242,4 +291,64 @@ pub(crate) fn write(
     end.log_time_ms = index.log_time_ms;
     w.end(&end)?;
     Ok(w.file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::OsStorage;
+
+    /// A writer of a new file at `path`, in the seen ids' section.
+    fn writer(path: &Path) -> StateWriter<'_> {
+        let file = OsStorage.open(path, OpenMode::CreateNew).unwrap();
+        let mut w = StateWriter {
+            file,
+            path,
+            segment_id: 0,
+            offset: SEGMENT_HEADER_LEN as u64,
+            kind: state::KIND_KEYS,
+            count: 0,
+            record: vec![0; ENTRIES_AT],
+        };
+        w.section(state::KIND_SEEN).unwrap();
+        w
+    }
+
+    #[test]
+    fn fixed_entries_end_records_where_entry_by_entry_would() {
+        let dir = tempfile::tempdir().unwrap();
+        let views = |n: u64| {
+            (0..n).map(|i| SeenView {
+                id: u128::from(i) << 64 | u128::from(i),
+                payload: i,
+                at_secs: i as u32,
+            })
+        };
+        // Past two records' worth, in stretches of several lengths.
+        let n = 2 * STATE_RECORD_BYTES_TARGET as u64 / SEEN_ENTRY_LEN as u64 + 1_234;
+        let (one_path, bulk_path) = (dir.path().join("one"), dir.path().join("bulk"));
+        let mut one = writer(&one_path);
+        for view in views(n) {
+            one.entry(|b| state::encode_seen(b, view)).unwrap();
+        }
+        one.end(&StateEnd::default()).unwrap();
+        let mut bulk = writer(&bulk_path);
+        let all: Vec<SeenView> = views(n).collect();
+        for chunk in all.chunks(7_777) {
+            let (first, rest) = chunk.split_at(1);
+            for part in [first, rest] {
+                bulk.fixed_entries(SEEN_ENTRY_LEN, part.iter(), |b, &view| {
+                    state::encode_seen(b, view);
+                })
+                .unwrap();
+            }
+        }
+        bulk.end(&StateEnd::default()).unwrap();
+        let (one, bulk) = (
+            std::fs::read(one_path).unwrap(),
+            std::fs::read(bulk_path).unwrap(),
+        );
+        assert!(one.len() > 2 * STATE_RECORD_BYTES_TARGET);
+        assert!(one == bulk, "the same records, byte for byte");
+    }
 }
