@@ -30,4 +30,7 @@ case "${1:-}" in
         features=(--features rocksdb-debian)
         ;;
 esac
-exec cargo run --release "${features[@]}" --manifest-path benches/compare/Cargo.toml -- "$@"
+# `cargo build`, not `cargo run`: with a RocksDB feature it also builds
+# idemkv-compare-rocksdb, which runs RocksDB's jobs (see README.md).
+cargo build --release "${features[@]}" --manifest-path benches/compare/Cargo.toml
+exec benches/compare/target/release/idemkv-compare "$@"

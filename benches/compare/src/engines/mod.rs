@@ -4,11 +4,10 @@ mod fjall_peer;
 mod floor;
 mod idemkv_engine;
 mod redb_peer;
-#[cfg(feature = "rocksdb")]
-mod rocksdb_peer;
 mod sqlite;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use idemkv::{Batch, BatchReport};
 use serde::{Deserialize, Serialize};
@@ -72,9 +71,10 @@ impl Kind {
         Kind::ALL.into_iter().find(|k| k.name() == name)
     }
 
-    /// Whether this build can run it.
+    /// Whether this build can run it: RocksDB only through the binary that
+    /// links it (this one, or `idemkv-compare-rocksdb` beside it).
     pub fn available(self) -> bool {
-        self != Kind::Rocksdb || cfg!(feature = "rocksdb")
+        self != Kind::Rocksdb || ROCKSDB.get().is_some() || rocksdb_exe().is_some()
     }
 
     /// Whether it keeps state on disk that a new process can reopen.
@@ -117,16 +117,42 @@ pub trait Engine: Send + Sync {
     }
 }
 
+/// Opens RocksDB, in the one binary that links it.
+pub type OpenRocksdb = fn(&Path, Mode) -> Box<dyn Engine>;
+
+static ROCKSDB: OnceLock<OpenRocksdb> = OnceLock::new();
+
+/// Called first by `idemkv-compare-rocksdb`: this process can open RocksDB.
+pub fn provide_rocksdb(open: OpenRocksdb) {
+    let _ = ROCKSDB.set(open);
+}
+
+/// Whether this process links RocksDB itself.
+pub fn links_rocksdb() -> bool {
+    ROCKSDB.get().is_some()
+}
+
+/// The binary that runs RocksDB's jobs: this one if it links RocksDB,
+/// otherwise `idemkv-compare-rocksdb` beside it, if it was built.
+pub fn rocksdb_exe() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    if links_rocksdb() {
+        return Some(exe);
+    }
+    let sibling = exe.with_file_name(format!("idemkv-compare-rocksdb{}", std::env::consts::EXE_SUFFIX));
+    sibling.is_file().then_some(sibling)
+}
+
 pub fn open(kind: Kind, dir: &Path, mode: Mode, config: &IdemkvConfig) -> Box<dyn Engine> {
     match kind {
         Kind::Idemkv => Box::new(idemkv_engine::IdemkvEngine::open(dir, mode, config)),
         Kind::Sqlite => Box::new(sqlite::SqlitePeer::open(dir, mode)),
         Kind::Redb => Box::new(redb_peer::RedbPeer::open(dir, mode)),
         Kind::Fjall => Box::new(fjall_peer::FjallPeer::open(dir, mode)),
-        #[cfg(feature = "rocksdb")]
-        Kind::Rocksdb => Box::new(rocksdb_peer::RocksdbPeer::open(dir, mode)),
-        #[cfg(not(feature = "rocksdb"))]
-        Kind::Rocksdb => panic!("built without the `rocksdb` feature"),
+        Kind::Rocksdb => match ROCKSDB.get() {
+            Some(open) => open(dir, mode),
+            None => panic!("RocksDB runs only in idemkv-compare-rocksdb"),
+        },
         Kind::DiskFloor => Box::new(floor::DiskFloor::open(dir, mode)),
         Kind::CpuFloor => Box::new(floor::CpuFloor::open()),
     }

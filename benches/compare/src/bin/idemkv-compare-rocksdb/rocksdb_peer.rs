@@ -12,8 +12,8 @@ use std::sync::Mutex;
 use idemkv::{Batch, BatchReport};
 use rocksdb::{DB, Direction, IteratorMode, Options, WriteBatch, WriteOptions};
 
-use super::{Engine, Mode};
-use crate::semantics::{self, BatchLookup, DigestBuilder, KvTxn, Overlay, Refused, Table, decode_row, lookup_batch};
+use idemkv_compare::engines::{Engine, Mode};
+use idemkv_compare::semantics::{self, BatchLookup, DigestBuilder, KvTxn, Overlay, Refused, Table, decode_row, lookup_batch};
 
 pub struct RocksdbPeer {
     db: DB,
