@@ -350,16 +350,16 @@ fn run_workload(args: &Args, w: Workload, threads: usize, failures: &mut Vec<Str
                 outcome.digest.as_deref().unwrap_or("-")
             );
             let _ = std::fs::remove_dir_all(&dir);
-            if let Some(first) = runs[i].first() {
-                if first.digest != outcome.digest || first.reopen_digest != outcome.reopen_digest {
-                    failures.push(format!(
-                        "{} t{threads} {} {}: run {} ended in another digest than run 1",
-                        w.name(),
-                        kind.name(),
-                        mode.name(),
-                        round + 1
-                    ));
-                }
+            if let Some(first) = runs[i].first()
+                && (first.digest != outcome.digest || first.reopen_digest != outcome.reopen_digest)
+            {
+                failures.push(format!(
+                    "{} t{threads} {} {}: run {} ended in another digest than run 1",
+                    w.name(),
+                    kind.name(),
+                    mode.name(),
+                    round + 1
+                ));
             }
             runs[i].push(outcome);
         }

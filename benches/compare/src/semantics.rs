@@ -248,6 +248,12 @@ pub struct DigestBuilder {
     hasher: Xxh3,
 }
 
+impl Default for DigestBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl DigestBuilder {
     pub fn new() -> Self {
         let mut hasher = Xxh3::new();

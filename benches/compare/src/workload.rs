@@ -235,7 +235,7 @@ impl Iterator for Generator {
             return Some(Handed { batch, replay: true });
         }
         let batch = self.next_batch()?;
-        if self.spec.replay_every > 0 && self.batch_no % self.spec.replay_every == 0 {
+        if self.spec.replay_every > 0 && self.batch_no.is_multiple_of(self.spec.replay_every) {
             self.replay = Some(batch.clone());
         }
         Some(Handed { batch, replay: false })
