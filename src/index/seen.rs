@@ -58,6 +58,15 @@ fn bucket_of(dir_bits: u32, id: [u64; 2]) -> usize {
     }
 }
 
+/// A recent id's record as the run holds it: the entry and its second.
+fn run_record(id: [u64; 2], seen: Seen) -> (Entry, u32) {
+    let entry = Entry {
+        id,
+        payload: seen.payload,
+    };
+    (entry, seen.at_secs)
+}
+
 /// Drains the ids of `recent` that pass `keep` (given their second)
 /// into an array sorted by id. The ids are hashes, spread evenly:
 /// counting them by their top bits gives each bucket its range, each entry
@@ -77,15 +86,7 @@ fn drain_sorted(
     keep: impl Fn(u32) -> bool,
 ) -> Vec<(Entry, u32)> {
     const SMALL: usize = 16;
-    let entries = |(id, s): ([u64; 2], Seen)| {
-        keep(s.at_secs).then_some((
-            Entry {
-                id,
-                payload: s.payload,
-            },
-            s.at_secs,
-        ))
-    };
+    let entries = |(id, s): ([u64; 2], Seen)| keep(s.at_secs).then(|| run_record(id, s));
     if recent.len() < 256 {
         let mut sorted: Vec<(Entry, u32)> = recent.drain().filter_map(entries).collect();
         sorted.sort_unstable_by_key(|(e, _)| e.id);
@@ -288,13 +289,7 @@ impl SeenIndex {
         let mut recent: Vec<(Entry, u32)> = self
             .recent
             .iter()
-            .map(|(&id, s)| {
-                let entry = Entry {
-                    id,
-                    payload: s.payload,
-                };
-                (entry, s.at_secs)
-            })
+            .map(|(&id, &s)| run_record(id, s))
             .collect();
         recent.sort_unstable_by_key(|(e, _)| e.id);
         let mut from = 0;
@@ -428,13 +423,7 @@ impl SeenIndex {
             self.times.shrink_to(new_len);
             self.times.reserve_exact(new_len - self.times.len());
         }
-        self.run.resize(
-            new_len,
-            Entry {
-                id: [0, 0],
-                payload: 0,
-            },
-        );
+        self.run.resize(new_len, Entry::default());
         self.times.resize(new_len, 0);
         // Merge from the back so that no entry of the old run is overwritten
         // before it is moved: the write cursor never passes the read cursor.
@@ -623,13 +612,7 @@ mod tests {
             let mut want: Vec<(Entry, u32)> = items
                 .iter()
                 .filter(|(_, s)| keep(s.at_secs))
-                .map(|&(id, s)| {
-                    let entry = Entry {
-                        id,
-                        payload: s.payload,
-                    };
-                    (entry, s.at_secs)
-                })
+                .map(|&(id, s)| run_record(id, s))
                 .collect();
             want.sort_unstable_by_key(|(e, _)| e.id);
             let mut recent: IdMap<[u64; 2], Seen> = items.into_iter().collect();
