@@ -23,6 +23,7 @@
 
 use std::borrow::Cow;
 use std::collections::hash_map::Entry;
+use std::hash::{Hash, Hasher};
 
 use bytes::Bytes;
 
@@ -33,6 +34,7 @@ use crate::error::{Error, Result, display_id};
 use crate::format::record::{CounterText, ValueSource, WriteSource, parse_counter};
 use crate::hashing::{BytesMap, IdMap};
 use crate::index::PREFETCH_AHEAD;
+use crate::index::keys::KeyHash;
 use crate::log::segments::ValueRef;
 use crate::options::OnConflict;
 
@@ -87,6 +89,30 @@ struct Current<'b> {
     live: Option<Value<'b>>,
 }
 
+/// A delivery's key with its hash (`StateView::key_hash`), computed once
+/// for the key's lookup, its prefetches and the map of touched keys.
+#[derive(Debug, Clone, Copy)]
+struct HashedKey<'b> {
+    key: &'b [u8],
+    hash: KeyHash,
+}
+
+impl PartialEq for HashedKey<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key
+    }
+}
+
+impl Eq for HashedKey<'_> {}
+
+/// Equal keys have equal hashes; the map's hasher (`IdMap`) takes the
+/// hash as it is.
+impl Hash for HashedKey<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.hash.hash(state);
+    }
+}
+
 enum Refusal {
     Invalid(Cow<'static, str>),
     Conflict,
@@ -97,7 +123,7 @@ struct Planner<'b, 'v, V: StateView> {
     view: &'v V,
     plan: Plan<'b>,
     /// Key -> index in `plan.writes`.
-    touched: BytesMap<&'b [u8], usize>,
+    touched: IdMap<HashedKey<'b>, usize>,
     /// Event ids first seen in this batch -> payload hash.
     seen_here: IdMap<u128, u64>,
     /// Counter key -> index in `plan.adds`.
@@ -105,15 +131,19 @@ struct Planner<'b, 'v, V: StateView> {
 }
 
 impl<'b, V: StateView> Planner<'b, '_, V> {
-    fn current(&self, key: &[u8]) -> Current<'b> {
-        if let Some(w) = self.touched.get(key).and_then(|&i| self.plan.writes.get(i)) {
+    fn current(&self, key: HashedKey<'b>) -> Current<'b> {
+        if let Some(w) = self
+            .touched
+            .get(&key)
+            .and_then(|&i| self.plan.writes.get(i))
+        {
             let live = match w.op {
                 WriteSource::Put(v) => Some(Value::Planned(v)),
                 WriteSource::Delete => None,
                 // A bump is only planned for a key whose committed row is live.
                 WriteSource::Bump => self
                     .view
-                    .key(key)
+                    .key(key.key, key.hash)
                     .and_then(|e| e.value())
                     .map(Value::Stored),
             };
@@ -122,7 +152,7 @@ impl<'b, V: StateView> Planner<'b, '_, V> {
                 live,
             };
         }
-        match self.view.key(key) {
+        match self.view.key(key.key, key.hash) {
             Some(e) => Current {
                 version: Some(e.seq),
                 live: e.value().map(Value::Stored),
@@ -144,8 +174,12 @@ impl<'b, V: StateView> Planner<'b, '_, V> {
         })
     }
 
-    fn write(&mut self, key: &'b [u8], seq: u64, op: WriteSource<'b>) {
-        let write = PlannedWrite { key, seq, op };
+    fn write(&mut self, key: HashedKey<'b>, seq: u64, op: WriteSource<'b>) {
+        let write = PlannedWrite {
+            key: key.key,
+            seq,
+            op,
+        };
         match self.touched.entry(key) {
             Entry::Occupied(at) => {
                 let w = self
@@ -163,10 +197,10 @@ impl<'b, V: StateView> Planner<'b, '_, V> {
     }
 
     /// Keeps a key's planned op but advances its seq (an unchanged put).
-    fn bump(&mut self, key: &'b [u8], seq: u64) {
+    fn bump(&mut self, key: HashedKey<'b>, seq: u64) {
         match self
             .touched
-            .get(key)
+            .get(&key)
             .and_then(|&i| self.plan.writes.get_mut(i))
         {
             Some(w) => w.seq = seq,
@@ -176,13 +210,17 @@ impl<'b, V: StateView> Planner<'b, '_, V> {
 
     /// Classifies one delivery that passed the static checks and is not a
     /// repeat of a seen id; records its effect.
-    fn apply(&mut self, key: &'b [u8], seq: u64, op: &'b Op) -> Result<Result<(), Refusal>> {
+    fn apply(&mut self, key: HashedKey<'b>, seq: u64, op: &'b Op) -> Result<Result<(), Refusal>> {
         let current = self.current(key);
         let report = &mut self.plan.report;
         let is_stale = current.version.is_some_and(|v| seq <= v);
         match op {
             Op::Add(delta) => {
-                if self.view.add_floor(key).is_some_and(|floor| seq <= floor) {
+                if self
+                    .view
+                    .add_floor(key.key)
+                    .is_some_and(|floor| seq <= floor)
+                {
                     return Ok(Err(Refusal::TooLate));
                 }
                 let base = match current.live {
@@ -200,11 +238,15 @@ impl<'b, V: StateView> Planner<'b, '_, V> {
                     return Ok(Err(Refusal::Invalid("counter overflow".into())));
                 };
                 self.plan.report.added += 1;
-                match self.added.get(key).and_then(|&i| self.plan.adds.get_mut(i)) {
+                match self
+                    .added
+                    .get(key.key)
+                    .and_then(|&i| self.plan.adds.get_mut(i))
+                {
                     Some(mark) => mark.1 = mark.1.max(seq),
                     None => {
-                        self.added.insert(key, self.plan.adds.len());
-                        self.plan.adds.push((key, seq));
+                        self.added.insert(key.key, self.plan.adds.len());
+                        self.plan.adds.push((key.key, seq));
                     }
                 }
                 let version = current.version.map_or(seq, |v| v.max(seq));
@@ -289,21 +331,27 @@ pub(crate) fn plan<'b, V: StateView>(
             writes: Vec::with_capacity(batch.len()),
             ..Plan::default()
         },
-        touched: BytesMap::with_capacity_and_hasher(batch.len(), Default::default()),
+        touched: IdMap::with_capacity_and_hasher(batch.len(), Default::default()),
         seen_here: IdMap::with_capacity_and_hasher(batch.len(), Default::default()),
         added: BytesMap::default(),
     };
-    for (index, (d, h)) in batch.deliveries().iter().zip(hashes).enumerate() {
+    let key_hashes: Vec<KeyHash> = batch
+        .deliveries()
+        .iter()
+        .map(|d| view.key_hash(&d.key))
+        .collect();
+    let deliveries = batch.deliveries().iter().zip(hashes).zip(&key_hashes);
+    for (index, ((d, h), &key_hash)) in deliveries.enumerate() {
         // Index lookups miss the cache: ask for a later delivery's lines now.
         if let Some(ahead) = hashes.get(index + PREFETCH_AHEAD) {
             view.prefetch_seen(ahead.id);
         }
         // A key lookup reads the table, then the record it points to.
-        if let Some(ahead) = batch.deliveries().get(index + PREFETCH_AHEAD) {
-            view.prefetch_key(&ahead.key);
+        if let Some(&ahead) = key_hashes.get(index + PREFETCH_AHEAD) {
+            view.prefetch_key(ahead);
         }
-        if let Some(ahead) = batch.deliveries().get(index + PREFETCH_AHEAD / 2) {
-            view.prefetch_key_entry(&ahead.key);
+        if let Some(&ahead) = key_hashes.get(index + PREFETCH_AHEAD / 2) {
+            view.prefetch_key_entry(ahead);
         }
         let outcome = if let Some(problem) = static_problem(d, options.value_bytes_max) {
             Err(Refusal::Invalid(problem))
@@ -314,7 +362,13 @@ pub(crate) fn plan<'b, V: StateView>(
                     continue;
                 }
                 Some(_) => Err(Refusal::Conflict),
-                None => p.apply(&d.key, d.seq, &d.op)?,
+                None => {
+                    let key = HashedKey {
+                        key: &d.key,
+                        hash: key_hash,
+                    };
+                    p.apply(key, d.seq, &d.op)?
+                }
             }
         };
         match outcome {

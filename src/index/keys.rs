@@ -357,7 +357,8 @@ fn hash_key(seed: u64, key: &[u8]) -> u64 {
 }
 
 /// A key's hash under one `KeyIndex`'s seed (`KeyIndex::hash`); meaningless in any other.
-#[derive(Debug, Clone, Copy, Default)]
+/// Hashing one (into a map's hasher) feeds it the hash as one `u64`.
+#[derive(Debug, Clone, Copy, Default, Hash)]
 pub(crate) struct KeyHash(u64);
 
 /// Ordered map of keys, with running counts for stats.
@@ -425,23 +426,15 @@ impl KeyIndex {
         KeyHash(hash_key(self.seed, key))
     }
 
-    /// Asks the CPU to fetch the table lines a lookup of `key` reads first.
-    pub(crate) fn prefetch(&self, key: &[u8]) {
-        self.prefetch_hashed(self.hash(key));
-    }
-
-    /// As `prefetch`, for a key hashed by this index.
+    /// Asks the CPU to fetch the table lines a lookup of the key hashed
+    /// `hash` (by this index) reads first.
     pub(crate) fn prefetch_hashed(&self, hash: KeyHash) {
         self.table.prefetch(hash.0);
     }
 
-    /// Asks the CPU to fetch the record a lookup of `key` most likely ends
-    /// on (best after `prefetch` had time to bring in the table lines).
-    pub(crate) fn prefetch_record(&self, key: &[u8]) {
-        self.prefetch_record_hashed(self.hash(key));
-    }
-
-    /// As `prefetch_record`, for a key hashed by this index.
+    /// Asks the CPU to fetch the record a lookup of the key hashed `hash`
+    /// most likely ends on (best after `prefetch_hashed` had time to bring
+    /// in the table lines).
     pub(crate) fn prefetch_record_hashed(&self, hash: KeyHash) {
         // The first tag match, keys uncompared: where the lookup most likely ends.
         if let Some(a) = self.table.find(hash.0, |_| true) {
@@ -451,6 +444,15 @@ impl KeyIndex {
 
     pub(crate) fn get(&self, key: &[u8]) -> Option<KeyEntry> {
         self.find(key).map(|a| self.arena.entry(a))
+    }
+
+    /// As `get`, for a key hashed by this index.
+    pub(crate) fn get_hashed(&self, key: &[u8], KeyHash(hash): KeyHash) -> Option<KeyEntry> {
+        debug_assert_eq!(hash, hash_key(self.seed, key), "hashed by this index");
+        let arena = &self.arena;
+        self.table
+            .find(hash, |a| key_eq(arena.key(a), key))
+            .map(|a| arena.entry(a))
     }
 
     /// Sets a key's entry.

@@ -90,9 +90,16 @@ impl Index {
 
     /// A key's entry as planning at `now_ms` sees it: an expired tombstone is no entry.
     pub(crate) fn key_at(&self, key: &[u8], now_ms: u64) -> Option<KeyEntry> {
-        self.keys
-            .get(key)
-            .filter(|e| !e.is_expired_tombstone(self.ttls.tombstone_ms, now_ms))
+        self.unexpired(self.keys.get(key), now_ms)
+    }
+
+    /// As `key_at`, for a key hashed by this index's keys.
+    pub(crate) fn key_at_hashed(&self, key: &[u8], hash: KeyHash, now_ms: u64) -> Option<KeyEntry> {
+        self.unexpired(self.keys.get_hashed(key, hash), now_ms)
+    }
+
+    fn unexpired(&self, entry: Option<KeyEntry>, now_ms: u64) -> Option<KeyEntry> {
+        entry.filter(|e| !e.is_expired_tombstone(self.ttls.tombstone_ms, now_ms))
     }
 
     /// The committed batch with this id, unless its record has expired at `now_ms`.

@@ -39,7 +39,7 @@ use crate::error::{Error, Result};
 use crate::format::segment::{FileKind, SEGMENT_HEADER_LEN};
 use crate::index::Index;
 use crate::index::expiry::Ttls;
-use crate::index::keys::KeyEntry;
+use crate::index::keys::{KeyEntry, KeyHash};
 use crate::log::names::{LOCK_FILE, segment_file_name};
 use crate::log::segments::{SegmentMaps, ValueRef};
 use crate::log::writer::{LogWriter, create_segment, new_segment_len};
@@ -501,10 +501,16 @@ struct PlanView<'a> {
 }
 
 impl StateView for PlanView<'_> {
-    fn key(&self, key: &[u8]) -> Option<KeyEntry> {
+    fn key_hash(&self, key: &[u8]) -> KeyHash {
+        self.index.keys.hash(key)
+    }
+
+    /// The pending batches' shadow hashes under its own seed, and only
+    /// when it holds keys at all (for a lone writer it holds none).
+    fn key(&self, key: &[u8], hash: KeyHash) -> Option<KeyEntry> {
         match self.pending.keys.get(key) {
             Some(_) => self.pending.key_at(key, self.now_ms),
-            None => self.index.key_at(key, self.now_ms),
+            None => self.index.key_at_hashed(key, hash, self.now_ms),
         }
     }
 
@@ -525,12 +531,12 @@ impl StateView for PlanView<'_> {
         self.index.seen.prefetch(id_hash);
     }
 
-    fn prefetch_key(&self, key: &[u8]) {
-        self.index.keys.prefetch(key);
+    fn prefetch_key(&self, hash: KeyHash) {
+        self.index.keys.prefetch_hashed(hash);
     }
 
-    fn prefetch_key_entry(&self, key: &[u8]) {
-        self.index.keys.prefetch_record(key);
+    fn prefetch_key_entry(&self, hash: KeyHash) {
+        self.index.keys.prefetch_record_hashed(hash);
     }
 
     fn seen(&self, id_hash: u128) -> Option<u64> {
