@@ -319,3 +319,105 @@ fn an_id_recorded_again_while_an_older_record_of_it_waits_for_its_sync_is_a_dupl
         reports[2]
     );
 }
+
+/// Applies `B0` (an `Add` of 1 to `ctr`, seq 1), waits `before`, then
+/// `first` and, `while_pending` later, `second`, while `first` still waits
+/// for its commit sync; returns both reports and the counter.
+#[cfg(feature = "testing")]
+fn add_while_pending(
+    before: Duration,
+    first: &Batch,
+    while_pending: Duration,
+    second: &Batch,
+) -> ([BatchReport; 2], i64) {
+    use idemkv::storage::{FaultyStorage, OpKind};
+
+    let storage = FaultyStorage::new();
+    let clock = ManualClock::new(T0_MS);
+    let options = Options::default()
+        .storage(Arc::new(storage.clone()))
+        .clock(Arc::new(clock.clone()))
+        .durability(idemkv::Durability::Sync)
+        .seen_ttl(Some(Duration::from_secs(1)))
+        // The held sync is `first`'s commit sync.
+        .zero_fill(false);
+    let store = Store::open("/db", options).unwrap();
+    store
+        .apply_batch(&Batch::new("B0").add("e0", "ctr", 1, 1))
+        .unwrap();
+    clock.advance(before);
+    let timeout = Duration::from_secs(20);
+    let writes = || {
+        storage
+            .ops()
+            .iter()
+            .filter(|o| o.kind == OpKind::Write)
+            .count()
+    };
+    let reports = std::thread::scope(|scope| {
+        storage.pause_next(OpKind::SyncData);
+        let a = scope.spawn(|| store.apply_batch(first));
+        storage
+            .wait_until_paused(timeout)
+            .expect("the first batch's sync starts");
+        let written = writes();
+        clock.advance(while_pending);
+        let b = scope.spawn(|| store.apply_batch(second));
+        let deadline = std::time::Instant::now() + timeout;
+        while writes() == written {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the second is written"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        storage.resume();
+        [a, b].map(|h| h.join().unwrap().unwrap())
+    });
+    (reports, counter(&store, "ctr"))
+}
+
+/// A delta redelivered while its first delivery still waits for its commit
+/// sync, after its id expired (the sync outlasted `seen_ttl`), is
+/// `too_late`: the planner's floor counts the pending batch's `Add`.
+#[cfg(feature = "testing")]
+#[test]
+fn a_delta_whose_id_expires_while_its_batch_waits_for_its_sync_is_not_applied_again() {
+    let delta = Batch::new("B1").add("ea", "ctr", 2, 10);
+    let again = Batch::new("B2").add("ea", "ctr", 2, 10);
+    let (reports, value) =
+        add_while_pending(Duration::ZERO, &delta, Duration::from_secs(3), &again);
+    assert_eq!(reports[0].added, 1, "{:?}", reports[0]);
+    assert_eq!(
+        (reports[1].added, reports[1].rejected),
+        (0, 1),
+        "too late, never applied twice: {:?}",
+        reports[1]
+    );
+    assert_eq!(value, 11);
+}
+
+/// While an `Add` waits for its sync, the floor a later batch is planned
+/// against is the one it would meet once that `Add` is published: here the
+/// published window (opened by B0 at 0 s) takes B1's `Add` at 0.6 s and has
+/// expired at 1.2 s, so a new delta at or below B1's seq is `too_late`.
+#[cfg(feature = "testing")]
+#[test]
+fn a_pending_delta_counts_in_the_published_window_it_joins() {
+    let delta = Batch::new("B1").add("ea", "ctr", 2, 10);
+    let low = Batch::new("B2").add("eb", "ctr", 2, 100);
+    let (reports, value) = add_while_pending(
+        Duration::from_millis(600),
+        &delta,
+        Duration::from_millis(600),
+        &low,
+    );
+    assert_eq!(reports[0].added, 1, "{:?}", reports[0]);
+    assert_eq!(
+        (reports[1].added, reports[1].rejected),
+        (0, 1),
+        "at or below the floor of a window that opened 1.2 s ago: {:?}",
+        reports[1]
+    );
+    assert_eq!(value, 11);
+}

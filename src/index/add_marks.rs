@@ -84,6 +84,21 @@ impl AddMarks {
         }
     }
 
+    /// Whether `key` has a mark.
+    pub(crate) fn contains(&self, key: &[u8]) -> bool {
+        self.marks.contains_key(key)
+    }
+
+    /// Gives `key` the mark it has in `from`, unless it has one here: marks
+    /// that shadow `from`'s then carry on from its history.
+    pub(crate) fn inherit(&mut self, key: &[u8], from: &AddMarks) {
+        if !self.contains(key)
+            && let Some(&mark) = from.marks.get(key)
+        {
+            self.restore(key, mark);
+        }
+    }
+
     /// Sets a key's mark as a snapshot recorded it.
     pub(crate) fn restore(&mut self, key: &[u8], mark: AddMark) {
         self.marks.insert(key.into(), mark);

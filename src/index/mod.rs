@@ -112,7 +112,7 @@ impl Index {
     /// Applies one committed batch record whose body starts at `body_at` in
     /// `segment`. `under` is the index this one shadows, if any (the pending
     /// batches' effects shadow the published index): a version bump finds
-    /// the unchanged value there.
+    /// the unchanged value there, and a counter's add mark its history.
     ///
     /// Fails only if the record contradicts the index (a bump of a key with
     /// no live row, a commit time going back), which recovery reports as
@@ -206,6 +206,12 @@ impl Index {
                 .set_hashed(w.key, hashes.at(i), KeyEntry { seq: w.seq, state });
         }
         for &(key, seq) in &record.adds {
+            // A shadow's mark starts from the mark it shadows, so that its
+            // floor is the one the shadowed index will have once this
+            // record is applied to it.
+            if let Some(under) = under {
+                self.add_marks.inherit(key, &under.add_marks);
+            }
             self.add_marks.record(key, seq, now_ms);
         }
         for &(source, position) in &record.checkpoints {

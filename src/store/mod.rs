@@ -514,9 +514,16 @@ impl StateView for PlanView<'_> {
         }
     }
 
-    /// Pending `Add`s are too recent to have expired: the published marks decide.
+    /// A pending batch's `Add` may have expired by now (its sync may take
+    /// longer than `seen_ttl`), so the pending mark decides where there is
+    /// one: it started from the published mark.
     fn add_floor(&self, key: &[u8]) -> Option<u64> {
-        self.index.add_marks.floor(key, self.now_ms)
+        let marks = if self.pending.add_marks.contains(key) {
+            &self.pending.add_marks
+        } else {
+            &self.index.add_marks
+        };
+        marks.floor(key, self.now_ms)
     }
 
     fn read_value(&self, value: ValueRef) -> Result<Bytes> {
