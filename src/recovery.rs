@@ -475,6 +475,15 @@ pub(crate) struct Recovered {
     pub snapshot: SnapshotUse,
 }
 
+/// What `replay_log` rebuilt, and from what.
+struct Replayed {
+    index: Index,
+    walk: Walk,
+    snapshot: SnapshotUse,
+    /// The snapshot loaded but does not fit this log (see `recover`).
+    snapshot_is_stale: bool,
+}
+
 /// Replays the segments below `below` (all of them if `None`), from the
 /// snapshot if it can be trusted. A walk from a snapshot that meets any
 /// problem but a torn tail (which `recover` then cuts) is abandoned for a
@@ -485,7 +494,7 @@ fn replay_log(
     ttls: Ttls,
     writable: bool,
     below: Option<u32>,
-) -> Result<(Index, Walk, SnapshotUse)> {
+) -> Result<Replayed> {
     let open = || -> Result<Vec<Opened>> {
         let (mut opened, _) = open_segments(storage, dir, writable)?;
         if let Some(cut) = below {
@@ -496,18 +505,26 @@ fn replay_log(
     let names = storage
         .list_dir(dir)
         .map_err(|e| Error::io("list", dir, e))?;
-    let mut snapshot = None;
+    let (mut snapshot, mut snapshot_is_stale) = (None, false);
     if names.iter().any(|n| n == SNAPSHOT_FILE) {
         let mut index = Index::new(ttls);
         let reason = match load_snapshot(storage, dir, &mut index) {
             Ok(snapshot) => {
                 let start = (snapshot.end.covered_segment, snapshot.end.covered_offset);
                 let walk = walk(open()?, &mut index, Some(start), below.is_none());
+                snapshot_is_stale = true;
                 match (&walk.problem, check_snapshot(&snapshot, &walk)) {
                     (Some(p), _) if !p.is_tail => {
                         format!("the log after it does not replay: {}", p.reason).into()
                     }
-                    (_, Ok(())) => return Ok((index, walk, Some(Ok(snapshot.bytes)))),
+                    (_, Ok(())) => {
+                        return Ok(Replayed {
+                            index,
+                            walk,
+                            snapshot: Some(Ok(snapshot.bytes)),
+                            snapshot_is_stale: false,
+                        });
+                    }
                     (_, Err(reason)) => reason.into(),
                 }
             }
@@ -517,7 +534,12 @@ fn replay_log(
     }
     let mut index = Index::new(ttls);
     let walk = walk(open()?, &mut index, None, below.is_none());
-    Ok((index, walk, snapshot))
+    Ok(Replayed {
+        index,
+        walk,
+        snapshot,
+        snapshot_is_stale,
+    })
 }
 
 /// Opens the log for `open`: removes what an interrupted compaction or
@@ -538,7 +560,12 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, ttls: Ttls) -> Result<R
             .sync_dir(dir)
             .map_err(|e| Error::io("sync directory", dir, e))?;
     }
-    let (index, mut walk, snapshot) = replay_log(storage, dir, ttls, true, None)?;
+    let Replayed {
+        index,
+        mut walk,
+        snapshot,
+        snapshot_is_stale,
+    } = replay_log(storage, dir, ttls, true, None)?;
 
     let mut torn_bytes = 0;
     if let Some(problem) = walk.problem.take() {
@@ -591,6 +618,20 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, ttls: Ttls) -> Result<R
                 .map_err(|e| Error::io("truncate", &path, e))?;
         }
     }
+    if snapshot_is_stale {
+        // A snapshot that loads but does not fit the log (the log lost
+        // records it covers) goes before anything is appended: once the
+        // log grew past the position it names, a later open could find it
+        // fitting and skip every record written before that position. It
+        // holds nothing the log does not: a snapshot only saves time.
+        let path = dir.join(SNAPSHOT_FILE);
+        storage
+            .remove_file(&path)
+            .map_err(|e| Error::io("remove", &path, e))?;
+        storage
+            .sync_dir(dir)
+            .map_err(|e| Error::io("sync directory", dir, e))?;
+    }
     if storage
         .list_dir(dir)
         .map_err(|e| Error::io("list", dir, e))?
@@ -628,7 +669,9 @@ pub(crate) fn state_before(
     ttls: Ttls,
     cut: u32,
 ) -> Result<(Index, Vec<(u32, u64)>)> {
-    let (index, mut walk, _) = replay_log(storage, dir, ttls, false, Some(cut))?;
+    let Replayed {
+        index, mut walk, ..
+    } = replay_log(storage, dir, ttls, false, Some(cut))?;
     if let Some(problem) = walk.problem.take() {
         return Err(problem.into_error());
     }

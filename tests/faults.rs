@@ -1098,3 +1098,88 @@ fn a_rotation_in_the_instant_after_a_failed_commit_sync_publishes_nothing() {
     );
     assert_eq!(store.get("k0").unwrap().map(|r| r.seq), Some(1));
 }
+
+/// Open removes a snapshot that the log no longer bears out before it
+/// appends anything (`tests/compaction.rs` shows why). A fault or a crash at
+/// that removal, or at the directory sync after it, fails the open or ends
+/// the process; the next open rejects the snapshot again and removes it,
+/// and the log that then grows past the position the snapshot names is
+/// never read through it.
+#[test]
+fn faults_and_crashes_while_open_removes_a_stale_snapshot() {
+    let batches = workload();
+    let clean = clean_run(&batches, false);
+    // Six batches, a snapshot of them, and then the newest segment loses
+    // its last record, the sixth batch: the snapshot covers more log than
+    // there is.
+    let image = FaultyStorage::new();
+    {
+        let store = Store::open(dir(), options(&image)).expect("open");
+        for b in &batches[..6] {
+            store.apply_batch(b).expect("apply");
+        }
+        store.snapshot().expect("snapshot");
+        store.close().expect("close");
+    }
+    let newest = image
+        .files()
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .max()
+        .expect("a segment");
+    let file = image.open(&newest, OpenMode::Append).expect("open");
+    let len = file.len().expect("len");
+    file.set_len(len - 1).expect("cut");
+    file.sync_data().expect("sync");
+
+    let probe = image.crash_image(CrashPolicy::ProcessCrash);
+    let store = Store::open(dir(), options(&probe)).expect("open rejects the snapshot");
+    assert!(store.stats().snapshot_rejected.is_some());
+    let open_ops = probe.ops();
+    drop(store);
+    let removal: Vec<&OpRecord> = open_ops
+        .iter()
+        .skip_while(|o| !(o.kind == OpKind::Remove && o.path.ends_with("SNAPSHOT")))
+        .take(2)
+        .collect();
+    assert_eq!(
+        removal.iter().map(|o| o.kind).collect::<Vec<_>>(),
+        [OpKind::Remove, OpKind::SyncDir],
+        "open removes the snapshot, then syncs the directory"
+    );
+    // Reopens, resumes the workload from the fifth batch, and opens once
+    // more: the state is the uninterrupted run's.
+    let recovers = |storage: &FaultyStorage, what: &str| {
+        reopen_and_resume(storage, &batches, &clean, 5..=5, what);
+        let store = Store::open(dir(), options(storage)).expect("open again");
+        assert_eq!(
+            Some(&snap(&store)),
+            clean.states.last(),
+            "{what}: the open after the log grew"
+        );
+    };
+    for op in removal {
+        for error in [FaultError::Io, FaultError::NoSpace] {
+            let what = format!("{error:?} at open op {} ({:?})", op.index, op.kind);
+            let storage = image.crash_image(CrashPolicy::ProcessCrash);
+            storage.inject(fault_at(&open_ops, op, error));
+            match Store::open(dir(), options(&storage)) {
+                Ok(_) => panic!("{what}: open succeeded despite the fault"),
+                Err(e) => assert!(
+                    e.to_string().contains(errno(error)),
+                    "{what}: open returns the error: {e}"
+                ),
+            }
+            storage.heal();
+            recovers(&storage.crash_image(CrashPolicy::PowerLoss), &what);
+            recovers(&storage, &what);
+        }
+        let what = format!("crash at open op {} ({:?})", op.index, op.kind);
+        let storage = image.crash_image(CrashPolicy::ProcessCrash);
+        storage.crash_at(op.index);
+        assert!(Store::open(dir(), options(&storage)).is_err(), "{what}");
+        for policy in [CrashPolicy::ProcessCrash, CrashPolicy::PowerLoss] {
+            recovers(&storage.crash_image(policy), &format!("{what}, {policy:?}"));
+        }
+    }
+}
