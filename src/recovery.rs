@@ -238,7 +238,11 @@ fn walk(
                 Err(Problem::at(o.id, 0, "a base segment after log segments"))
             }
             Ok(kind) => match start {
-                Some((s, _)) if o.id < s || (kind == FileKind::Base && o.id == s) => Ok(file_len),
+                Some((s, _)) if o.id < s || (kind == FileKind::Base && o.id == s) => {
+                    // Covered by the snapshot: nothing of it is replayed.
+                    from = file_len;
+                    Ok(file_len)
+                }
                 Some((s, offset)) if o.id == s => {
                     from = offset;
                     replay(
