@@ -813,6 +813,16 @@ pub(crate) fn repair(storage: &dyn Storage, dir: &Path, now_ms: u64) -> Result<R
     let is_base = kinds
         .iter()
         .any(|&(id, k)| id == problem.segment && k == Ok(FileKind::Base));
+    if is_base
+        && walk
+            .segments
+            .first()
+            .is_some_and(|s| s.id == problem.segment)
+    {
+        // Every record the walk read was in this base (one anywhere else
+        // is refused before a record of it is read), and it goes whole.
+        report.records_kept = 0;
+    }
     let cut = walk
         .segments
         .iter()

@@ -551,6 +551,39 @@ fn corruption_in_an_earlier_segment_is_reported_and_repair_drops_what_follows() 
     }
 }
 
+/// A base segment (compaction's output) cannot be cut between its records:
+/// repair drops a damaged one whole, and every segment after it, and says
+/// it kept no record (it counted the base's records read before the bad
+/// one as kept).
+#[test]
+fn repair_drops_a_damaged_base_whole_and_keeps_no_record() {
+    let options = buffered(Options::default().segment_bytes_max(4096));
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), &options);
+    for i in 0..30 {
+        store.apply_batch(&workload_batch(i, 40)).unwrap();
+    }
+    store.compact().unwrap();
+    for i in 30..40 {
+        store.apply_batch(&workload_batch(i, 40)).unwrap();
+    }
+    store.close().unwrap();
+    let files = segments(dir.path());
+    let (base, base_len) = files[0].clone();
+    flip_byte(&dir.path().join(&base), base_len * 3 / 4);
+    assert!(Store::open(dir.path(), options.clone()).is_err());
+
+    let repaired = Store::repair(dir.path(), options.clone()).unwrap();
+    assert_eq!(repaired.records_kept, 0, "{repaired:?}");
+    assert_eq!(
+        repaired.segments_dropped,
+        files.len() as u64,
+        "{repaired:?}"
+    );
+    let store = open(dir.path(), &options);
+    assert_eq!(store.stats().live_keys, 0);
+}
+
 #[test]
 fn repair_of_an_intact_store_drops_nothing() {
     let options = buffered(Options::default().segment_bytes_max(4096));
