@@ -21,6 +21,7 @@ impl SeenIndex {
                 payload,
                 at_secs: 0,
             },
+            0,
         );
     }
 

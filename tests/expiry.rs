@@ -320,6 +320,36 @@ fn an_id_recorded_again_while_an_older_record_of_it_waits_for_its_sync_is_a_dupl
     );
 }
 
+/// Ids stamped with their second rounded up must not leave memory before
+/// they expire: a batch large enough to merge the recent seen ids, committed
+/// a millisecond after a delta, dropped the delta's id as if the clock stood
+/// at the next whole second, and a redelivery a millisecond later applied
+/// the delta again (and counted a put's redelivery stale, not a duplicate).
+#[test]
+fn ids_outlive_a_merge_started_in_the_second_they_expire_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0_MS);
+    let options = options(&clock).seen_ttl(Some(Duration::from_secs(1)));
+    let store = Store::open(dir.path(), options).unwrap();
+    let first = Batch::new("B1")
+        .add("a1", "c", 10, 5)
+        .put("p1", "k", 1, "v");
+    store.apply_batch(&first).unwrap();
+    clock.advance(Duration::from_millis(1));
+    let mut many = Batch::new("B2");
+    for i in 0..5000 {
+        many = many.put(format!("m{i}"), format!("m{i}"), 1, "v");
+    }
+    assert_eq!(store.apply_batch(&many).unwrap().inserted, 5000);
+    clock.advance(Duration::from_millis(1));
+    let again = Batch::new("B3")
+        .add("a1", "c", 10, 5)
+        .put("p1", "k", 1, "v");
+    let report = store.apply_batch(&again).unwrap();
+    assert_eq!((report.duplicates, report.added), (2, 0), "{report:?}");
+    assert_eq!(counter(&store, "c"), 5);
+}
+
 /// Applies `B0` (an `Add` of 1 to `ctr`, seq 1), waits `before`, then
 /// `first` and, `while_pending` later, `second`, while `first` still waits
 /// for its commit sync; returns both reports and the counter.

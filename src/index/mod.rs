@@ -141,7 +141,8 @@ impl Index {
             if let Some(&(ahead, _)) = record.seen.get(i + PREFETCH_AHEAD) {
                 self.seen.prefetch(ahead);
             }
-            self.seen.insert(id, Seen { payload, at_secs });
+            self.seen
+                .insert(id, Seen { payload, at_secs }, record.committed_ms);
         }
     }
 

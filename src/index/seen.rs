@@ -234,8 +234,13 @@ impl SeenIndex {
             .map(|s| s.payload)
     }
 
-    /// Records `id`, replacing an expired record of the same id.
-    pub(crate) fn insert(&mut self, id: u128, seen: Seen) {
+    /// Records `id`, replacing an expired record of the same id. `now_ms`
+    /// is the commit time of the record that records it, which no later
+    /// lookup precedes: a merge this insert starts drops only ids expired
+    /// by then. (Not `seen.at_secs`, rounded up: a merge at that second
+    /// dropped ids that batches committed later in the same second must
+    /// still find, and a redelivered `Add` applied again.)
+    pub(crate) fn insert(&mut self, id: u128, seen: Seen, now_ms: u64) {
         let id = split(id);
         if !self.filter.may_contain(id) {
             self.filter.add(id);
@@ -249,7 +254,7 @@ impl SeenIndex {
         }
         self.recent.insert(id, seen);
         if self.recent.len() > RECENT_MIN.max(self.run.len() / RECENT_FRACTION) {
-            self.merge(secs_to_ms(seen.at_secs));
+            self.merge(now_ms);
         }
         if self.filter.is_full() {
             self.rebuild_filter();
@@ -530,6 +535,7 @@ impl SeenIndex {
 
 #[cfg(test)]
 mod tests {
+    use super::super::expiry::to_secs_ceil;
     use super::*;
     use xxhash_rust::xxh3::xxh3_128;
 
@@ -546,7 +552,7 @@ mod tests {
         let mut index = SeenIndex::new(None);
         let n = 10_000u64;
         for i in 0..n {
-            index.insert(id(i), seen(i, 1));
+            index.insert(id(i), seen(i, 1), secs_to_ms(1));
         }
         assert!(!index.run.is_empty() && !index.recent.is_empty());
         let (mut records, mut stretches) = (Vec::new(), 0);
@@ -581,7 +587,7 @@ mod tests {
         let n = 50_000u64;
         for i in 0..n {
             assert_eq!(index.get(id(i)), None);
-            index.insert(id(i), seen(i, 1));
+            index.insert(id(i), seen(i, 1), secs_to_ms(1));
         }
         index.check_invariants();
         assert_eq!(index.len(), n);
@@ -625,7 +631,8 @@ mod tests {
     fn expired_ids_stop_counting_then_leave_memory() {
         let mut index = SeenIndex::new(Some(10_000));
         for i in 0..20_000u64 {
-            index.insert(id(i), seen(i, if i < 10_000 { 1 } else { 2 }));
+            let at = if i < 10_000 { 1 } else { 2 };
+            index.insert(id(i), seen(i, at), secs_to_ms(at));
         }
         assert_eq!(index.get_live(id(5), 10_999), Some(5));
         assert_eq!(index.get_live(id(5), 11_000), None, "expired at 1 s + 10 s");
@@ -636,7 +643,7 @@ mod tests {
         assert_eq!(index.get(id(15_000)), Some(seen(15_000, 2)));
         // Merges drop what has expired by the time of the insert that triggers them.
         for i in 20_000..40_000u64 {
-            index.insert(id(i), seen(i, 30));
+            index.insert(id(i), seen(i, 30), secs_to_ms(30));
         }
         assert!(index.len() < 30_000, "ids seen at 2 s left memory by 30 s");
         assert_eq!(index.get_live(id(39_999), 30_000), Some(39_999));
@@ -650,10 +657,10 @@ mod tests {
         let mut index = SeenIndex::new(Some(10_000));
         let early = |i: u64| i.is_multiple_of(100);
         for i in (0..30_000u64).filter(|&i| early(i)) {
-            index.insert(id(i), seen(i, 1));
+            index.insert(id(i), seen(i, 1), secs_to_ms(1));
         }
         for i in (0..30_000u64).filter(|&i| !early(i)) {
-            index.insert(id(i), seen(i, 5));
+            index.insert(id(i), seen(i, 5), secs_to_ms(5));
         }
         let bits = index.dir_bits;
         assert_eq!(index.purge(12_000), 300);
@@ -665,12 +672,27 @@ mod tests {
     }
 
     #[test]
+    fn a_merge_drops_only_ids_expired_at_the_commit_that_starts_it() {
+        // Recorded at 0.5 s (stamped 1 s), expiring at 2 s. The insert that
+        // starts a merge is committed at 1.001 s (stamped 2 s): the id must
+        // outlive the merge, since a batch committed at 1.5 s finds it.
+        let mut index = SeenIndex::new(Some(1_000));
+        index.insert(id(0), seen(0, 1), 500);
+        for i in 1..=RECENT_MIN as u64 {
+            index.insert(id(i), seen(i, 2), 1_001);
+        }
+        assert!(index.recent.len() < RECENT_MIN, "a merge ran");
+        assert_eq!(index.get_live(id(0), 1_500), Some(0));
+        assert_eq!(index.get_live(id(0), 2_000), None);
+    }
+
+    #[test]
     fn reinserting_an_expired_id_replaces_its_record() {
         let mut index = SeenIndex::new(Some(1_000));
         for i in 0..10_000u64 {
-            index.insert(id(i), seen(i, 1));
+            index.insert(id(i), seen(i, 1), secs_to_ms(1));
         }
-        index.insert(id(3), seen(33, 50));
+        index.insert(id(3), seen(33, 50), secs_to_ms(50));
         assert_eq!(index.get_live(id(3), 50_000), Some(33));
         assert_eq!(index.len(), 10_000);
         index.check_invariants();
@@ -680,7 +702,7 @@ mod tests {
     fn memory_stays_under_32_bytes_per_id() {
         let mut index = SeenIndex::new(None);
         for i in 0..300_000u64 {
-            index.insert(id(i), seen(i, 1));
+            index.insert(id(i), seen(i, 1), secs_to_ms(1));
             if i % 10_007 == 0 && i > 100_000 {
                 let per_id = index.memory_bytes() as f64 / index.len() as f64;
                 assert!(per_id <= 32.0, "{per_id} bytes per seen id at {i}");
@@ -712,10 +734,12 @@ mod tests {
                     id(u64::from(n))
                 }
             };
-            let mut now_secs = 1u32;
+            // Time in milliseconds, as commits see it: ids are stamped with
+            // their second rounded up, and looked up (and merged) at times
+            // inside that second.
+            let mut now_ms = 1_000u64;
             for (n, dt, action) in ops {
-                now_secs += u32::from(dt);
-                let now_ms = secs_to_ms(now_secs);
+                now_ms += u64::from(dt) * 1000 + u64::from(n % 997);
                 let id = id_of(n);
                 match action {
                     0 => {
@@ -732,14 +756,13 @@ mod tests {
                         proptest::prop_assert_eq!(index.get_live(id, now_ms), want);
                     }
                     _ => {
-                        let seen = Seen { payload: u64::from(n) ^ u64::from(now_secs), at_secs: now_secs };
-                        index.insert(id, seen);
+                        let seen = Seen { payload: u64::from(n) ^ now_ms, at_secs: to_secs_ceil(now_ms) };
+                        index.insert(id, seen, now_ms);
                         model.insert(id, seen);
                     }
                 }
             }
             index.check_invariants();
-            let now_ms = secs_to_ms(now_secs);
             let live = |s: &Seen| !is_expired(secs_to_ms(s.at_secs), ttl_ms, now_ms);
             for (&id, s) in &model {
                 let want = live(s).then_some(s.payload);
