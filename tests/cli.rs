@@ -837,6 +837,7 @@ fn a_final_line_without_newline_waits_and_a_grown_file_continues() {
         first["checkpoint"].as_u64(),
         Some(offset_after_line(&lines, 12))
     );
+    assert_eq!(first["pending_bytes"].as_u64(), Some(9), "{first}");
     fails(&["get", "--store", s(&store), "k13"]);
     // The default source is the file's absolute path, which `checkpoint` also accepts.
     let source = fs::canonicalize(&file).expect("canonical path");
@@ -849,6 +850,7 @@ fn a_final_line_without_newline_waits_and_a_grown_file_continues() {
     fs::write(&file, &full).expect("grow");
     let second = ingest_json(&store, &file, &["--batch-size", "5"]);
     assert_eq!(second["inserted"].as_u64(), Some(18));
+    assert_eq!(second["pending_bytes"].as_u64(), Some(0));
     assert_eq!(scan(&store).len(), 30);
 
     // A file replaced by a shorter one is refused, not silently skipped.
@@ -944,6 +946,69 @@ fn stdin_ingest_dedups_by_event_id_and_replays_the_same_stream() {
     let second = run();
     assert_eq!(second["replayed"].as_u64(), Some(4), "{second}");
     assert_eq!(scan(&store).len(), 30);
+}
+
+/// A stream cannot be read again, so its last line counts once the stream
+/// ends, newline or not (JSON Lines allows none): it was left out, with
+/// exit 0 and nothing in `--json` to tell.
+#[test]
+fn a_stream_s_final_line_without_newline_is_ingested_when_the_stream_ends() {
+    let dir = tempdir();
+    let store = dir.path().join("store");
+    let body = lines_with(&[]).join("\n");
+    let mut child = Command::new(BIN)
+        .args(["ingest", "--store", s(&store), "--json", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(body.as_bytes())
+        .expect("feed");
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report: Value = serde_json::from_str(text(&out.stdout).trim()).expect("json");
+    assert_eq!(report["inserted"].as_u64(), Some(30), "{report}");
+    assert_eq!(report["pending_bytes"].as_u64(), Some(0), "{report}");
+    assert_eq!(report["checkpoint"].as_u64(), Some(body.len() as u64));
+    ok(&["get", "--store", s(&store), "k30"]);
+}
+
+/// Numbers an f64 cannot hold are stored as written, not rounded: two
+/// values that rounded to one f64 were stored alike, so the second put
+/// counted as unchanged and the first value was lost.
+#[test]
+fn numbers_beyond_an_f64_are_stored_exactly() {
+    let dir = tempdir();
+    let store = dir.path().join("store");
+    let file = dir.path().join("in.ndjson");
+    write_lines(
+        &file,
+        &[
+            r#"{"event_id":"e1","key":"k","seq":1,"op":"put","value":{"n":123456789012345678901234}}"#.to_owned(),
+            r#"{"event_id":"e2","key":"k","seq":2,"op":"put","value":{"n":123456789012345678901235}}"#.to_owned(),
+            r#"{"event_id":"e3","key":"k","seq":3,"op":"put","value":{"n":123456789012345678901235.00}}"#.to_owned(),
+        ],
+    );
+    let report = ingest_json(&store, &file, &[]);
+    assert_eq!(
+        (
+            report["inserted"].as_u64(),
+            report["updated"].as_u64(),
+            report["unchanged"].as_u64()
+        ),
+        (Some(1), Some(1), Some(1)),
+        "{report}"
+    );
+    let row = ok(&["get", "--store", s(&store), "k"]);
+    assert!(
+        row.contains(r#""value":{"n":123456789012345678901235}"#),
+        "{row}"
+    );
 }
 
 #[test]

@@ -219,6 +219,7 @@ pub fn summary_json(summary: &IngestSummary) -> String {
     object.insert("checkpoint".to_owned(), summary.checkpoint.into());
     object.insert("lines".to_owned(), summary.lines.into());
     object.insert("source".to_owned(), summary.source.clone().into());
+    object.insert("pending_bytes".to_owned(), summary.pending_bytes.into());
     json_line(&Value::Object(object))
 }
 

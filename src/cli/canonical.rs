@@ -6,16 +6,21 @@
 //! - strings escaped minimally: `"`, `\` and control characters only (as
 //!   `\n`, `\t`, `\r`, `\b`, `\f` or `\u00XX`), everything else as UTF-8, so
 //!   `"\u00e9"` and `"é"` are the same value;
-//! - numbers as serde_json represents them: integers that fit `i64`/`u64`
-//!   print as integers, every other number as the shortest `f64` that
-//!   round-trips. So `1.50` and `1.5` are one value, `1e2` becomes `100.0`
-//!   and `-0` becomes `-0.0`, while `1` and `1.0` stay different values.
+//! - numbers: integers that fit `i64`/`u64` print as integers; every other
+//!   number as the shortest `f64` that round-trips, when that `f64` is the
+//!   number exactly; and a number no `f64` holds exactly as written (more
+//!   digits than an `f64` keeps, or beyond its range) as its exact decimal
+//!   value, normalized, never rounded. So `1.50` and `1.5` are one value,
+//!   `1e2` becomes `100.0` and `-0` becomes `-0.0`, `1` and `1.0` stay
+//!   different values, and `123456789012345678901234` and
+//!   `123456789012345678901235` stay two values (rounded to the same `f64`,
+//!   they were stored alike, and a changed value counted as unchanged).
 //!
 //! Pure: no I/O. Keys are sorted here rather than relying on the order of
 //! serde_json's map, which another crate could change by switching on
 //! serde_json's `preserve_order` feature.
 
-use serde_json::Value;
+use serde_json::{Number, Value};
 
 /// Parses JSON text and returns its canonical spelling.
 ///
@@ -39,7 +44,7 @@ pub fn write_canonical(value: &Value, out: &mut Vec<u8>) {
         Value::Null => out.extend_from_slice(b"null"),
         Value::Bool(true) => out.extend_from_slice(b"true"),
         Value::Bool(false) => out.extend_from_slice(b"false"),
-        Value::Number(number) => out.extend_from_slice(number.to_string().as_bytes()),
+        Value::Number(number) => out.extend_from_slice(number_text(number).as_bytes()),
         Value::String(text) => write_string(text, out),
         Value::Array(items) => {
             out.push(b'[');
@@ -64,6 +69,107 @@ pub fn write_canonical(value: &Value, out: &mut Vec<u8>) {
                 write_canonical(item, out);
             }
             out.push(b'}');
+        }
+    }
+}
+
+/// A number's canonical text (see the module's doc). serde_json keeps the
+/// number as it was written (its `arbitrary_precision` feature).
+pub fn number_text(number: &Number) -> String {
+    let text = number.as_str();
+    if !text.contains(['.', 'e', 'E']) {
+        // "-0" is no negative integer: serde_json reads it as the float -0.0.
+        if let Ok(n) = text.parse::<u64>() {
+            return n.to_string();
+        }
+        if let Some(n) = text.parse::<i64>().ok().filter(|&n| n < 0) {
+            return n.to_string();
+        }
+    }
+    let Some(exact) = Decimal::parse(text) else {
+        // An exponent beyond i64: no normalization, the text as written.
+        return text.to_owned();
+    };
+    let shortest = text
+        .parse::<f64>()
+        .ok()
+        .and_then(Number::from_f64)
+        .map(|f| f.as_str().to_owned());
+    match shortest {
+        Some(shortest) if Decimal::parse(&shortest).as_ref() == Some(&exact) => shortest,
+        _ => exact.to_string(),
+    }
+}
+
+/// A number's exact value: `digits` × 10^`exponent`, `digits` without
+/// leading or trailing zeros (empty for zero, whose exponent is 0).
+#[derive(Debug, PartialEq, Eq)]
+struct Decimal {
+    negative: bool,
+    digits: String,
+    exponent: i64,
+}
+
+impl Decimal {
+    /// The value of JSON number text; `None` if its exponent is out of range.
+    fn parse(text: &str) -> Option<Self> {
+        let (negative, rest) = match text.strip_prefix('-') {
+            Some(rest) => (true, rest),
+            None => (false, text),
+        };
+        let (mantissa, exponent) = match rest.split_once(['e', 'E']) {
+            Some((mantissa, exponent)) => (mantissa, exponent.parse::<i64>().ok()?),
+            None => (rest, 0),
+        };
+        let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+        let mut digits = format!("{whole}{fraction}");
+        let mut exponent = exponent.checked_sub(i64::try_from(fraction.len()).ok()?)?;
+        while digits.ends_with('0') {
+            digits.pop();
+            exponent = exponent.checked_add(1)?;
+        }
+        let digits = digits.trim_start_matches('0').to_owned();
+        if digits.is_empty() {
+            exponent = 0;
+        }
+        Some(Self {
+            negative,
+            digits,
+            exponent,
+        })
+    }
+}
+
+/// One spelling per value: an integer up to 40 digits, a plain decimal
+/// down to 6 zeros after the point, otherwise `d.ddde±x`.
+impl std::fmt::Display for Decimal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let digits = if self.digits.is_empty() {
+            "0"
+        } else {
+            &self.digits
+        };
+        if self.negative {
+            f.write_str("-")?;
+        }
+        let len = i64::try_from(digits.len()).unwrap_or(i64::MAX);
+        // Where the decimal point goes, counted from the first digit.
+        let point = len.saturating_add(self.exponent);
+        match (usize::try_from(self.exponent), usize::try_from(point)) {
+            (Ok(zeros), _) if point <= 40 => write!(f, "{digits}{}", "0".repeat(zeros)),
+            (Err(_), Ok(at)) if at > 0 => {
+                let (whole, fraction) = digits.split_at(at);
+                write!(f, "{whole}.{fraction}")
+            }
+            (Err(_), Err(_)) if point > -6 => {
+                let zeros = usize::try_from(-point).unwrap_or(0);
+                write!(f, "0.{}{digits}", "0".repeat(zeros))
+            }
+            _ => {
+                let (first, rest) = digits.split_at(1);
+                let dot = if rest.is_empty() { "" } else { "." };
+                write!(f, "{first}{dot}{rest}e{}", point.saturating_sub(1))
+            }
         }
     }
 }
@@ -118,6 +224,15 @@ mod tests {
             "2.5e-300",
             "-1.7976931348623157e308",
             "123456789.123456789",
+            "-0",
+            "1E+2",
+            "1e400",
+            "-1e-400",
+            "123456789012345678901234",
+            "12345678901234567890123.0",
+            "0.000000123456789012345678901",
+            "9007199254740993",
+            "1234567890123456789012345678901234567890123",
         ] {
             let once = canon(text);
             assert_eq!(canon(&once), once, "{text}");
@@ -148,6 +263,34 @@ mod tests {
         assert_eq!(canon("18446744073709551615"), "18446744073709551615");
         assert_eq!(canon("-9223372036854775808"), "-9223372036854775808");
         assert_ne!(canon("1"), canon("1.0"));
+    }
+
+    #[test]
+    fn numbers_no_f64_holds_are_kept_exactly() {
+        assert_eq!(
+            canon("123456789012345678901234"),
+            "123456789012345678901234"
+        );
+        assert_ne!(
+            canon("123456789012345678901234"),
+            canon("123456789012345678901235")
+        );
+        assert_eq!(canon("18446744073709551616"), "18446744073709551616");
+        assert_eq!(canon("1.23456789012345678901"), "1.23456789012345678901");
+        assert_eq!(
+            canon("0.000000123456789012345678901"),
+            "1.23456789012345678901e-7"
+        );
+        assert_eq!(
+            canon("-1234567890123456789012345e-30"),
+            "-0.000001234567890123456789012345"
+        );
+        assert_eq!(canon("1e400"), "1e400");
+        assert_eq!(canon("1.0E400"), "1e400");
+        assert_eq!(canon("-25e-400"), "-2.5e-399");
+        // Where an f64 holds the number exactly, its shortest spelling.
+        assert_eq!(canon("1e23"), canon("100000000000000000000000.0"));
+        assert_eq!(canon("0.10"), "0.1");
     }
 
     #[test]

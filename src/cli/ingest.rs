@@ -14,7 +14,8 @@
 //!   the file's bytes, the starting checkpoint and the batch limits, so a
 //!   resume after a crash cuts the same batches an uninterrupted run cuts and
 //!   a rerun from the start replays committed batches by id;
-//! - a final line without its `\n` is never consumed;
+//! - a regular file's final line without its `\n` is never consumed (a
+//!   writer may be in the middle of it); a stream's is, once the stream ends;
 //! - a non-seekable stream cannot be resumed from an offset: its batch ids
 //!   carry a hash of their bytes, so the same stream again is a replay and
 //!   another stream never collides with it; redeliveries dedup by event id.
@@ -219,6 +220,15 @@ pub fn ingest(
         // End of the input for now; `line` holds an unfinished final line, if any.
         if read > 0 {
             last_data = Instant::now();
+        }
+        if !opened.is_seekable && !line.is_empty() {
+            // A stream returns a line without its newline only where it
+            // ended, and cannot be read again from an offset: its last
+            // line is complete without the newline (JSON Lines allows it).
+            line_no += 1;
+            position += line.len() as u64;
+            run.add_line(&line, line_no);
+            line.clear();
         }
         if position > run.batch_start {
             run.commit(position)?;

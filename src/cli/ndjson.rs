@@ -292,7 +292,7 @@ pub fn clip(text: &str, max_chars: usize) -> Cow<'_, str> {
 fn scalar_text(value: &Value) -> Option<String> {
     match value {
         Value::String(s) => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
+        Value::Number(n) => Some(canonical::number_text(n)),
         _ => None,
     }
 }
