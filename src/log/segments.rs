@@ -156,19 +156,14 @@ impl SegmentMaps {
         })?
     }
 
-    /// Reads a value and checks its CRC. Corrupt bytes are never returned.
+    /// Reads a value and checks its CRC, and the stored CRC against the one
+    /// the index knows, if it does. Corrupt bytes are never returned, nor
+    /// another value's intact bytes where the index points wrong.
     pub(crate) fn read(&self, value: ValueRef) -> Result<Bytes> {
         self.with_raw(value, |crc, map, range| {
             let bytes = map.get(range.clone()).unwrap_or_default();
-            if crc32fast::hash(bytes) == crc {
-                Ok(map.slice(range))
-            } else {
-                Err(corruption(
-                    value.segment,
-                    range.start as u64 - 4,
-                    "value checksum mismatch",
-                ))
-            }
+            check_stored(value, crc, bytes)?;
+            Ok(map.slice(range))
         })?
     }
 
@@ -179,10 +174,8 @@ impl SegmentMaps {
         let mut stored = vec![0; 4 + value.len as usize];
         self.read_raw(value, &mut stored)?;
         let (crc, bytes) = stored.split_at(4);
-        if crc32fast::hash(bytes).to_le_bytes() != crc {
-            let at = u64::from(value.offset.saturating_sub(4));
-            return Err(corruption(value.segment, at, "value checksum mismatch"));
-        }
+        let crc = u32::from_le_bytes(crc.try_into().expect("4 bytes"));
+        check_stored(value, crc, bytes)?;
         Ok(Bytes::from(stored).slice(4..))
     }
 
@@ -246,6 +239,23 @@ impl SegmentMaps {
     }
 }
 
+/// Checks a value's bytes against their stored CRC, and that CRC against
+/// the one the index knows for the value, if it knows one.
+fn check_stored(value: ValueRef, stored_crc: u32, bytes: &[u8]) -> Result<()> {
+    let at = u64::from(value.offset.saturating_sub(4));
+    if crc32fast::hash(bytes) != stored_crc {
+        return Err(corruption(value.segment, at, "value checksum mismatch"));
+    }
+    if value.crc.is_some_and(|known| known != stored_crc) {
+        return Err(corruption(
+            value.segment,
+            at,
+            "value does not match the checksum its index entry holds",
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -305,6 +315,27 @@ mod tests {
             ..w
         };
         assert!(!equals(&maps, known(crc32fast::hash(b"hello")), b"hello").unwrap());
+
+        // Intact bytes that are not the value the index knows (a reference
+        // gone wrong) are refused too, not returned as its value.
+        let other = ValueRef {
+            crc: Some(crc32fast::hash(b"world")),
+            ..v
+        };
+        assert!(matches!(maps.read(other), Err(Error::Corruption { .. })));
+        assert!(matches!(
+            maps.read_copy(other),
+            Err(Error::Corruption { .. })
+        ));
+        assert_eq!(
+            &maps
+                .read(ValueRef {
+                    crc: Some(hello),
+                    ..v
+                })
+                .unwrap()[..],
+            b"hello"
+        );
     }
 
     #[test]
