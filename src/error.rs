@@ -15,7 +15,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     /// An event id was seen before with another payload (key, seq, op or value).
     #[error(
-        "conflicting event {event_id:?} at delivery {index} of batch {batch_id:?}: the id was already seen with another payload"
+        "conflicting event {} at delivery {index} of batch {}: the id was already seen with another payload",
+        Shown(.event_id),
+        Shown(.batch_id)
     )]
     ConflictingEvent {
         batch_id: String,
@@ -24,12 +26,16 @@ pub enum Error {
     },
 
     /// A batch id already committed with other content.
-    #[error("batch {batch_id:?} already committed with other content")]
+    #[error("batch {} already committed with other content", Shown(.batch_id))]
     BatchConflict { batch_id: String },
 
     /// A delivery that can never be applied (empty id or key, size limits,
     /// delta on a non-counter value, counter overflow, malformed input).
-    #[error("invalid event {event_id:?} at delivery {index} of batch {batch_id:?}: {reason}")]
+    #[error(
+        "invalid event {} at delivery {index} of batch {}: {reason}",
+        Shown(.event_id),
+        Shown(.batch_id)
+    )]
     InvalidEvent {
         batch_id: String,
         index: usize,
@@ -38,7 +44,7 @@ pub enum Error {
     },
 
     /// A batch that is invalid as a whole (bad batch id, bad checkpoint, too large).
-    #[error("invalid batch {batch_id:?}: {reason}")]
+    #[error("invalid batch {}: {reason}", Shown(.batch_id))]
     InvalidBatch { batch_id: String, reason: String },
 
     /// A checksum or structure failure in committed data.
@@ -63,6 +69,14 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// The clock read a time past the latest one the log can record (early
+    /// in the year 2106, in milliseconds since the Unix epoch): a clock in
+    /// other units, most likely. Nothing of the batch is applied.
+    #[error(
+        "the clock reads {now_ms} ms since the epoch, past the latest commit time the store can record ({max_ms} ms): is it counting milliseconds?"
+    )]
+    ClockOutOfRange { now_ms: u64, max_ms: u64 },
+
     /// A write or sync failed earlier; the store refuses writes until reopened.
     #[error("store refuses writes after an earlier failure ({reason}); reopen it")]
     Poisoned { reason: String },
@@ -83,5 +97,25 @@ pub(crate) fn display_id(bytes: &[u8]) -> String {
     match std::str::from_utf8(bytes) {
         Ok(s) => s.to_owned(),
         Err(_) => bytes.escape_ascii().to_string(),
+    }
+}
+
+/// An id as a message shows it: quoted and escaped, and past 256
+/// characters cut, with its length. The error's field keeps it whole; an
+/// id far over the limits would otherwise make a message of megabytes.
+struct Shown<'a>(&'a str);
+
+impl std::fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const CHARS_SHOWN: usize = 256;
+        match self.0.char_indices().nth(CHARS_SHOWN) {
+            None => write!(f, "{:?}", self.0),
+            Some((cut, _)) => write!(
+                f,
+                "{:?}... ({} bytes)",
+                self.0.get(..cut).unwrap_or_default(),
+                self.0.len()
+            ),
+        }
     }
 }

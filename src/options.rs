@@ -39,9 +39,11 @@ pub struct Options {
     pub durability: Durability,
     /// Policy for conflicting and invalid deliveries (default: `Fail`).
     pub on_conflict: OnConflict,
-    /// A segment is sealed and a new one started once it reaches this size.
+    /// A segment is sealed and a new one started once it reaches this size
+    /// (at most 4 GiB − 1: a larger one acts as that).
     pub segment_bytes_max: u64,
-    /// Largest value a `Put` may carry.
+    /// Largest value a `Put` may carry (at most 512 MiB, half the largest
+    /// record: a larger one acts as that).
     pub value_bytes_max: usize,
     /// How long a seen event id proves a redelivery a duplicate (default 7
     /// days; `None`: forever). See DESIGN.md, "Expiry".
@@ -95,7 +97,21 @@ impl Default for Options {
     }
 }
 
+/// The largest segment: offsets in a segment are `u32`.
+const SEGMENT_BYTES_LIMIT: u64 = u32::MAX as u64;
+/// The largest value: half the largest record body, so that a batch holding
+/// one fails on that delivery, which names it, rather than as a whole.
+const VALUE_BYTES_LIMIT: usize = crate::format::RECORD_BODY_BYTES_MAX / 2;
+
 impl Options {
+    /// The options as the store applies them: sizes beyond what the format
+    /// holds capped (`u64::MAX` for a segment made `open` fail to map it).
+    pub(crate) fn within_limits(mut self) -> Self {
+        self.segment_bytes_max = self.segment_bytes_max.min(SEGMENT_BYTES_LIMIT);
+        self.value_bytes_max = self.value_bytes_max.min(VALUE_BYTES_LIMIT);
+        self
+    }
+
     /// Sets [`Options::durability`].
     #[must_use]
     pub fn durability(mut self, durability: Durability) -> Self {

@@ -1015,3 +1015,77 @@ fn digest_depends_only_on_rows_and_checkpoints() {
     commit(&b, &Batch::new("more").checkpoint("s", position(3)));
     assert_ne!(digest(&a), digest(&b));
 }
+
+/// The index stamps seen ids and tombstones with their second in a `u32`:
+/// a clock past early 2106 (or one counting microseconds) made everything
+/// it stamped expire at once, so a redelivered delta applied again and a
+/// conflicting one went through. Such a clock is refused, and nothing of
+/// the batch is applied.
+#[test]
+fn a_clock_past_what_the_log_records_is_refused_not_taken_for_expiry() {
+    let dir = tempfile::tempdir().unwrap();
+    // The latest time the log records: 2^32 - 1 seconds, in milliseconds.
+    let last_ms = u64::from(u32::MAX) * 1000;
+    let clock = idemkv::ManualClock::new(last_ms);
+    let store = open(
+        dir.path(),
+        options().clock(std::sync::Arc::new(clock.clone())),
+    );
+    let delta = Batch::new("B1").add("e1", "c", 1, 5);
+    assert_eq!(commit(&store, &delta).added, 1);
+    let again = Batch::new("B2").add("e1", "c", 1, 5);
+    assert_eq!(
+        commit(&store, &again).duplicates,
+        1,
+        "the last time still works"
+    );
+
+    clock.advance(std::time::Duration::from_millis(1));
+    let later = Batch::new("B3").add("e1", "c", 1, 7).add("e2", "c", 2, 1);
+    match apply(&store, &later) {
+        Err(Error::ClockOutOfRange { now_ms, max_ms }) => {
+            assert_eq!((now_ms, max_ms), (last_ms + 1, last_ms));
+        }
+        other => panic!("expected ClockOutOfRange, got {other:?}"),
+    }
+    assert_eq!(store.get("c").unwrap().unwrap().value, Bytes::from("5"));
+    assert_eq!(store.batch("B3").unwrap(), None);
+
+    // A microsecond clock, from the first batch on.
+    let dir = tempfile::tempdir().unwrap();
+    let micros = idemkv::ManualClock::new(1_726_000_000_000_000);
+    let store = open(dir.path(), options().clock(std::sync::Arc::new(micros)));
+    let message = apply(&store, &delta).unwrap_err().to_string();
+    assert!(message.contains("milliseconds"), "{message}");
+}
+
+/// Sizes past what the format holds act as the largest it holds: a segment
+/// size of `u64::MAX` made `open` fail to map the segment, with an error
+/// that did not name the option.
+#[test]
+fn sizes_past_the_format_s_limits_act_as_those_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let huge = Options::default()
+        .segment_bytes_max(u64::MAX)
+        .value_bytes_max(usize::MAX);
+    let store = open(dir.path(), huge.clone());
+    let batch = Batch::new("B1").put("e1", "k", 1, "v");
+    assert_eq!(commit(&store, &batch).inserted, 1);
+    store.close().unwrap();
+    let store = open(dir.path(), huge);
+    assert_eq!(store.get("k").unwrap().unwrap().value, Bytes::from("v"));
+}
+
+/// An id longer than any valid one is named in the error by its start and
+/// length, not copied whole (a 10 MiB batch id made a 50 MB message).
+#[test]
+fn an_oversized_id_is_named_not_copied_into_the_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), options());
+    let id = "b".repeat(1 << 20);
+    let message = apply(&store, &Batch::new(id.as_str()).put("e", "k", 1, "v"))
+        .unwrap_err()
+        .to_string();
+    assert!(message.len() < 10_000, "{} bytes", message.len());
+    assert!(message.contains("(1048576 bytes)"), "{}", &message[..200]);
+}

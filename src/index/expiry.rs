@@ -39,6 +39,12 @@ pub(crate) fn is_expired(at_ms: u64, ttl_ms: Option<u64>, now_ms: u64) -> bool {
     ttl_ms.is_some_and(|ttl| at_ms.saturating_add(ttl) <= now_ms)
 }
 
+/// The latest commit time the index can stamp: seen ids and tombstones keep
+/// their second in a `u32` (early in the year 2106). A later time would be
+/// stamped as this one, and everything stamped would count as expired at
+/// once: commits refuse it instead.
+pub(crate) const COMMIT_MS_MAX: u64 = u32::MAX as u64 * 1000;
+
 /// A time in whole seconds, rounded up so that an entry never expires early.
 pub(crate) fn to_secs_ceil(ms: u64) -> u32 {
     u32::try_from(ms.div_ceil(1000)).unwrap_or(u32::MAX)

@@ -40,6 +40,11 @@ const WRITE_BACK_PAGE: u64 = 4096;
 /// The most the active segment is extended by at a time.
 const PREALLOCATE_BYTES_MAX: u64 = 4 << 20;
 
+/// The largest record buffer the writer keeps for the next record: far
+/// above a batch of a thousand 1 KiB values, far below a batch that is
+/// mostly one huge value.
+const BUFFER_KEPT_BYTES: usize = 16 << 20;
+
 /// The length to extend a segment to so that a record ending at `end` fits:
 /// the next multiple of a quarter of the segment size (at most
 /// `PREALLOCATE_BYTES_MAX`), short of the size limit, where a record that
@@ -204,9 +209,13 @@ impl LogWriter {
         buf
     }
 
-    /// Takes the buffer back for the next record.
+    /// Takes the buffer back for the next record, unless it grew past
+    /// `BUFFER_KEPT_BYTES` (one huge batch would otherwise hold that much
+    /// memory for the store's life).
     pub(crate) fn finish(&mut self, buf: Vec<u8>) {
-        self.buf = buf;
+        if buf.capacity() <= BUFFER_KEPT_BYTES {
+            self.buf = buf;
+        }
     }
 
     /// The file records are appended to now.
@@ -360,5 +369,46 @@ impl LogWriter {
             fill.switch_to(self.filler_handle()?, self.active_len, len);
         }
         Ok(file)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_huge_record_s_buffer_is_not_kept_for_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage: Arc<dyn Storage> = Arc::new(crate::storage::OsStorage);
+        let segment_bytes_max = 1 << 20;
+        let len = new_segment_len(segment_bytes_max);
+        let file = create_segment(storage.as_ref(), dir.path(), 1, len).unwrap();
+        let header = SEGMENT_HEADER_LEN as u64;
+        let mut writer = LogWriter::new(
+            dir.path().to_owned(),
+            storage,
+            segment_bytes_max,
+            file,
+            1,
+            header,
+            len,
+            false,
+        )
+        .unwrap();
+        // Writes a record of `bytes` into the buffer; the next record's room.
+        let mut grow = |bytes: usize| {
+            let mut buf = writer.begin();
+            buf.resize(bytes, 7);
+            writer.finish(buf);
+            let next = writer.begin();
+            let room = next.capacity();
+            writer.finish(next);
+            room
+        };
+        assert!(
+            grow(1 << 20) >= 1 << 20,
+            "an ordinary record's buffer is kept"
+        );
+        assert!(grow(BUFFER_KEPT_BYTES + 1) < 1 << 20, "a huge one's is not");
     }
 }

@@ -174,6 +174,7 @@ impl Store {
     /// `Locked` if another `Store` (in any process) has `dir` open,
     /// `Corruption` for damaged committed data, `Io` for the OS's errors.
     pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Store> {
+        let options = options.within_limits();
         let dir = dir.as_ref().to_owned();
         let storage = Arc::clone(&options.storage);
         let lock = lock_dir(storage.as_ref(), &dir)?;

@@ -12,6 +12,7 @@ use crate::error::{Error, Result, display_id};
 use crate::format::record::{self, KIND_BATCH, QuarantineView};
 use crate::format::segment::FRAME_HEADER_LEN;
 use crate::format::{ID_BYTES_MAX, POSITION_BYTES_MAX, RECORD_BODY_BYTES_MAX};
+use crate::index::expiry::COMMIT_MS_MAX;
 use crate::log::names::segment_file_name;
 use crate::options::Durability;
 
@@ -99,6 +100,12 @@ impl Store {
                 .now_ms()
                 .max(index.log_time_ms)
                 .max(writer.pending.log_time_ms());
+            if now_ms > COMMIT_MS_MAX {
+                return Err(Error::ClockOutOfRange {
+                    now_ms,
+                    max_ms: COMMIT_MS_MAX,
+                });
+            }
             let pending = writer
                 .pending
                 .overlay(&index, batch.id(), batch.deliveries(), &hashes);
