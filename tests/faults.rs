@@ -19,7 +19,7 @@
 #![cfg(feature = "testing")]
 
 use std::ops::{Range, RangeInclusive};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -1182,4 +1182,45 @@ fn faults_and_crashes_while_open_removes_a_stale_snapshot() {
             recovers(&storage.crash_image(policy), &format!("{what}, {policy:?}"));
         }
     }
+}
+
+/// A store directory that open creates is durable only once its parent is
+/// synced: open syncs the parent of each directory it made (POSIX promises
+/// no more; without it, a power loss could take the directory and every
+/// acknowledged batch in it). A fault at that sync fails the open, and
+/// opening a directory that exists syncs no parent.
+#[test]
+fn open_syncs_the_parent_of_a_store_directory_it_creates() {
+    let nested = PathBuf::from("/parent/db");
+    let storage = FaultyStorage::new();
+    drop(Store::open(&nested, options(&storage)).expect("open"));
+    let ops = storage.ops();
+    let created = ops
+        .iter()
+        .position(|o| o.kind == OpKind::CreateDir)
+        .expect("open creates the directory");
+    let synced: Vec<&PathBuf> = ops[created..]
+        .iter()
+        .filter(|o| o.kind == OpKind::SyncDir)
+        .map(|o| &o.path)
+        .collect();
+    assert!(
+        synced.contains(&&PathBuf::from("/parent")) && synced.contains(&&PathBuf::from("/")),
+        "{synced:?}"
+    );
+
+    let reopened = storage.crash_image(CrashPolicy::ProcessCrash);
+    drop(Store::open(&nested, options(&reopened)).expect("reopen"));
+    assert!(
+        !reopened
+            .ops()
+            .iter()
+            .any(|o| o.kind == OpKind::SyncDir && o.path == Path::new("/parent")),
+        "an existing directory's parent is not synced"
+    );
+
+    let failing = FaultyStorage::new();
+    failing.inject(Fault::new(OpKind::SyncDir, FaultError::Io));
+    let e = Store::open(&nested, options(&failing)).expect_err("the parent's sync fails");
+    assert!(e.to_string().contains(errno(FaultError::Io)), "{e}");
 }

@@ -135,9 +135,30 @@ struct OpenReport {
 const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(250);
 
 fn lock_dir(storage: &dyn Storage, dir: &Path) -> Result<Box<dyn Any + Send + Sync>> {
+    // A directory made here is durable once its parent is synced (POSIX
+    // promises no more; a journaling file system happens to do it), or the
+    // log written into it could vanish with it in a power loss.
+    let mut created = Vec::new();
+    for d in dir.ancestors().take_while(|d| !d.as_os_str().is_empty()) {
+        match storage.list_dir(d) {
+            Ok(_) => break,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => created.push(d),
+            Err(e) => return Err(Error::io("list", d, e)),
+        }
+    }
     storage
         .create_dir_all(dir)
         .map_err(|e| Error::io("create directory", dir, e))?;
+    for d in created {
+        let parent = match d.parent() {
+            Some(p) if p.as_os_str().is_empty() => Path::new("."),
+            Some(p) => p,
+            None => continue,
+        };
+        storage
+            .sync_dir(parent)
+            .map_err(|e| Error::io("sync directory", parent, e))?;
+    }
     let path = dir.join(LOCK_FILE);
     let started = std::time::Instant::now();
     let mut pause = std::time::Duration::from_millis(1);
