@@ -847,3 +847,101 @@ fn automatic_snapshots_bound_the_log_replayed_after_a_crash() {
     }
     assert_eq!(digests[0], digests[1]);
 }
+
+/// A commit sync covers the records written before it starts, not those
+/// written while it runs: writer B appends while A's sync (which succeeds)
+/// is held, both are acknowledged, and a power loss right after keeps both.
+/// (A syncer that took, as what it synced, the position written by the
+/// time its sync returned passed every other crash test.)
+#[test]
+fn a_batch_written_while_a_commit_sync_runs_is_synced_before_it_is_acknowledged() {
+    let timeout = std::time::Duration::from_secs(20);
+    let storage = FaultyStorage::new();
+    let options = options(&storage, Durability::Sync).zero_fill(false);
+    let store = Store::open(dir(), options.clone()).expect("open");
+    store
+        .apply_batch(&Batch::new("B0").put("e0", "k0", 1, "v"))
+        .expect("apply");
+    let a = Batch::new("A").put("ea", "ka", 1, "va");
+    let b = Batch::new("B").put("eb", "kb", 1, "vb");
+    storage.pause_after_next_sync();
+    let (ra, rb) = std::thread::scope(|scope| {
+        let writer_a = scope.spawn(|| store.apply_batch(&a));
+        let held = storage
+            .wait_until_paused(timeout)
+            .expect("A's sync returns and is held");
+        let writer_b = scope.spawn(|| store.apply_batch(&b));
+        let deadline = std::time::Instant::now() + timeout;
+        let b_appended = loop {
+            let appended = storage
+                .ops()
+                .iter()
+                .skip(held as usize + 1)
+                .any(|o| o.kind == OpKind::Write && is_segment(&o.path) && o.offset >= 32);
+            if appended || std::time::Instant::now() > deadline {
+                break appended;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        };
+        // Resumed before asserting: a failure must not leave the sync held.
+        storage.resume();
+        assert!(b_appended, "B appends while A's sync is held");
+        (writer_a.join().expect("A"), writer_b.join().expect("B"))
+    });
+    ra.expect("A acknowledged");
+    rb.expect("B acknowledged");
+    // The power fails right after both returned.
+    let image = storage.crash_image(CrashPolicy::PowerLoss);
+    drop(store);
+    let reopened = Store::open(dir(), options.storage(Arc::new(image))).expect("reopen");
+    for key in ["k0", "ka", "kb"] {
+        assert!(
+            reopened.get(key).unwrap().is_some(),
+            "acknowledged {key} lost"
+        );
+    }
+}
+
+/// A redelivered batch that finds its original written but not yet synced
+/// waits for that sync before it reports `replayed`: its `Ok` promises the
+/// batch survives a power loss. (Returning at once passed every other test.)
+#[test]
+fn a_replay_waits_for_the_original_s_sync_before_it_is_acknowledged() {
+    let timeout = std::time::Duration::from_secs(20);
+    let storage = FaultyStorage::new();
+    let options = options(&storage, Durability::Sync).zero_fill(false);
+    let store = Store::open(dir(), options.clone()).expect("open");
+    store
+        .apply_batch(&Batch::new("B0").put("e0", "k0", 1, "v"))
+        .expect("apply");
+    let batch = Batch::new("B1").put("e1", "k1", 1, "v1");
+    storage.pause_next(OpKind::SyncData);
+    let (original, replay) = std::thread::scope(|scope| {
+        let original = scope.spawn(|| store.apply_batch(&batch));
+        storage
+            .wait_until_paused(timeout)
+            .expect("the original's sync starts");
+        let replay = scope.spawn(|| store.apply_batch(&batch));
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let returned_early = replay.is_finished();
+        // Resumed before asserting: a failure must not leave the sync held.
+        storage.resume();
+        assert!(
+            !returned_early,
+            "the replay returned while the original's sync was held"
+        );
+        (
+            original.join().expect("original"),
+            replay.join().expect("replay"),
+        )
+    });
+    assert!(!original.expect("original").replayed);
+    assert!(replay.expect("replay").replayed);
+    let image = storage.crash_image(CrashPolicy::PowerLoss);
+    drop(store);
+    let reopened = Store::open(dir(), options.storage(Arc::new(image))).expect("reopen");
+    assert!(
+        reopened.get("k1").unwrap().is_some(),
+        "acknowledged B1 lost"
+    );
+}
