@@ -350,6 +350,11 @@ impl<'s> StateLoader<'s> {
             }
             StateRecord::Batches(batches) => {
                 for b in batches {
+                    // A writer holds each only once: a file with one twice
+                    // is damaged or crafted, not a state to guess from.
+                    if index.batches.get(b.batch_id).is_some() {
+                        return Err(fail("batch id loaded twice"));
+                    }
                     index.batches.insert(BatchEntry {
                         batch_id: Bytes::copy_from_slice(b.batch_id),
                         content_hash: b.content_hash,
@@ -361,10 +366,13 @@ impl<'s> StateLoader<'s> {
             }
             StateRecord::Checkpoints(checkpoints) => {
                 for (source, position) in checkpoints {
-                    index.checkpoints.insert(
+                    let earlier = index.checkpoints.insert(
                         Bytes::copy_from_slice(source),
                         Bytes::copy_from_slice(position),
                     );
+                    if earlier.is_some() {
+                        return Err(fail("checkpoint source loaded twice"));
+                    }
                     self.totals[3] += 1;
                 }
             }
@@ -386,6 +394,9 @@ impl<'s> StateLoader<'s> {
                         window_start_ms: m.window_start_ms,
                         window_seq: m.window_seq,
                     };
+                    if index.add_marks.contains(m.key) {
+                        return Err(fail("add mark loaded twice"));
+                    }
                     index.add_marks.restore(m.key, mark);
                     self.totals[5] += 1;
                 }
@@ -665,6 +676,69 @@ mod tests {
         ]);
         let e = load(&file, true).expect_err("unsorted keys");
         assert_eq!(e.what, "keys are not sorted and unique");
+    }
+
+    /// A state file holds each batch id, checkpoint source and counter key
+    /// once; one held twice (its checksums intact) is refused rather than
+    /// loaded with the later entry winning.
+    #[test]
+    fn a_batch_id_checkpoint_or_add_mark_held_twice_is_refused() {
+        let twice = |kind: u8, encode: &dyn Fn(&mut Vec<u8>)| {
+            let mut body = Vec::new();
+            state::encode_count(&mut body, 2);
+            encode(&mut body);
+            encode(&mut body);
+            (kind, body)
+        };
+        let batch = |b: &mut Vec<u8>| {
+            let view = state::BatchView {
+                batch_id: b"B1",
+                content_hash: 7,
+                committed_ms: 5,
+                counts: [1, 0, 0, 0, 0, 0, 0, 0],
+            };
+            state::encode_batch(b, &view);
+        };
+        let checkpoint = |b: &mut Vec<u8>| state::encode_checkpoint(b, b"src", b"10");
+        let mark = |b: &mut Vec<u8>| {
+            let view = state::AddMarkView {
+                key: b"c",
+                floor: None,
+                window_start_ms: 5,
+                window_seq: 3,
+            };
+            state::encode_add_mark(b, &view);
+        };
+        type Encode<'f> = &'f dyn Fn(&mut Vec<u8>);
+        let cases: [(u8, Encode<'_>, usize, &str); 3] = [
+            (state::KIND_BATCHES, &batch, 2, "batch id loaded twice"),
+            (
+                state::KIND_CHECKPOINTS,
+                &checkpoint,
+                3,
+                "checkpoint source loaded twice",
+            ),
+            (state::KIND_ADD_MARKS, &mark, 5, "add mark loaded twice"),
+        ];
+        for (kind, encode, total, what) in cases {
+            // The totals count both entries: only the repeat is wrong.
+            let mut totals = [0u64; 6];
+            totals[total] = 2;
+            let mut end = Vec::new();
+            let state_end = StateEnd {
+                log_time_ms: 5,
+                covered_segment: 3,
+                covered_offset: 64,
+                first_segment: 1,
+                totals,
+            };
+            state::encode_end(&mut end, &state_end);
+            let file = snapshot_of(&[twice(kind, encode), (state::KIND_END, end)]);
+            for key_thread in [false, true] {
+                let e = load(&file, key_thread).expect_err(what);
+                assert_eq!(e.what, what, "key thread: {key_thread}");
+            }
+        }
     }
 
     #[test]
