@@ -52,6 +52,10 @@ pub(crate) struct WalkedSegment {
     /// Bytes up to the last one that is not zero, as walked: what a cut
     /// at `valid_len` discards besides the zeros of a preallocated extension.
     pub data_len: u64,
+    /// How far the last valid record's frame says the segment was synced
+    /// (the header's end if none was walked): what follows may read back
+    /// from the page cache without being on the disk.
+    pub synced_to: u64,
 }
 
 /// Where and why a walk stopped early.
@@ -220,6 +224,7 @@ fn walk(
             file: Arc::clone(&o.file),
             valid_len: file_len,
             data_len: data_end(&o.map, 0) as u64,
+            synced_to: SEGMENT_HEADER_LEN as u64,
         };
         let mut from = SEGMENT_HEADER_LEN as u64;
         let result = match o.kind {
@@ -252,7 +257,7 @@ fn walk(
                         offset as usize,
                         is_newest,
                         index,
-                        &mut walk.records,
+                        (&mut walk.records, &mut segment.synced_to),
                     )
                 }
                 _ => replay(
@@ -262,7 +267,7 @@ fn walk(
                     SEGMENT_HEADER_LEN,
                     is_newest,
                     index,
-                    &mut walk.records,
+                    (&mut walk.records, &mut segment.synced_to),
                 ),
             },
         };
@@ -328,7 +333,7 @@ fn replay(
     from: usize,
     is_newest: bool,
     index: &mut Index,
-    records: &mut u64,
+    (records, synced_to): (&mut u64, &mut u64),
 ) -> Result<u64, Problem> {
     let map = walked.map;
     if from > map.len() {
@@ -374,6 +379,7 @@ fn replay(
             }
         }
         *records += 1;
+        *synced_to = u64::from(record.synced_to);
         walked.passed(reader.position() as usize);
     }
     if kind == FileKind::Base && loader.end().is_none() {
@@ -694,7 +700,7 @@ pub(crate) fn load_base(
         return Err("not a base segment".into());
     }
     let mut index = Index::new(ttls);
-    let mut records = 0;
+    let (mut records, mut synced_to) = (0, 0);
     replay(
         &mut MapWalk::new(file, map),
         id,
@@ -702,7 +708,7 @@ pub(crate) fn load_base(
         SEGMENT_HEADER_LEN,
         false,
         &mut index,
-        &mut records,
+        (&mut records, &mut synced_to),
     )
     .map_err(|p| p.reason)?;
     file.release_pages(map, map.len());

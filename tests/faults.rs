@@ -1271,3 +1271,50 @@ fn a_crash_at_every_step_of_the_rewrite_after_a_failed_sync_keeps_acknowledged_b
         }
     }
 }
+
+/// A process that dies after a failed commit sync, before its `SYNC_FAILED`
+/// marker is durable, leaves records that read back from the page cache
+/// but never reached the disk, and that no later sync writes. The next open
+/// writes the newest segment's records after the last frame's `synced_to`
+/// again, so its sync makes them durable: a batch acknowledged after it
+/// survives a power loss. (Without that, the power loss left a hole before
+/// it, and open refused the log as corrupt.)
+#[test]
+fn a_crash_between_a_failed_sync_and_its_marker_loses_no_later_batch() {
+    let options =
+        |storage: &FaultyStorage| options(storage).zero_fill(false).snapshot_log_bytes(None);
+    let failing_b1 = |storage: &FaultyStorage| {
+        let store = Store::open(dir(), options(storage)).expect("open");
+        store
+            .apply_batch(&Batch::new("B0").put("e0", "k0", 1, "v"))
+            .expect("B0");
+        storage.inject(Fault::new(OpKind::SyncData, FaultError::Io));
+        let b1 = Batch::new("B1").put("e1", "k1", 1, "v");
+        assert!(store.apply_batch(&b1).is_err(), "B1's sync fails");
+    };
+    // Where the marker is made, in a run that lets it be made.
+    let probe = FaultyStorage::new();
+    failing_b1(&probe);
+    let marker = probe
+        .ops()
+        .iter()
+        .find(|o| o.kind == OpKind::Open && o.path.ends_with("SYNC_FAILED"))
+        .expect("the marker is made")
+        .index;
+
+    let storage = FaultyStorage::new();
+    storage.crash_at(marker);
+    failing_b1(&storage);
+    let image = storage.crash_image(CrashPolicy::ProcessCrash);
+    assert!(!image.files().iter().any(|p| p.ends_with("SYNC_FAILED")));
+    let store = Store::open(dir(), options(&image)).expect("reopen");
+    store
+        .apply_batch(&Batch::new("B2").put("e2", "k2", 1, "v"))
+        .expect("B2 acknowledged");
+    let after = image.crash_image(CrashPolicy::PowerLoss);
+    drop(store);
+    let store = Store::open(dir(), options(&after)).expect("open after the power loss");
+    for key in ["k0", "k2"] {
+        assert!(store.get(key).unwrap().is_some(), "acknowledged {key} lost");
+    }
+}

@@ -33,6 +33,8 @@ pub(crate) struct RecordRef<'a> {
     pub kind: u8,
     /// Offset of the frame header in the segment.
     pub offset: u32,
+    /// How far the frame says the segment was synced when it was written.
+    pub synced_to: u32,
     /// Offset of the body in the segment.
     pub body_at: u32,
     pub body: &'a [u8],
@@ -168,6 +170,7 @@ impl<'a> Iterator for SegmentReader<'a> {
         let record = RecordRef {
             kind: frame.kind,
             offset: frame.offset,
+            synced_to: frame.synced_to,
             body_at: body_at_u32,
             body,
         };

@@ -490,6 +490,7 @@ mod tests {
             let record = RecordRef {
                 kind: state::KIND_KEYS,
                 offset: 80,
+                synced_to: 0,
                 body_at: 100,
                 body,
             };

@@ -171,7 +171,10 @@ pub enum CrashPolicy {
     /// every unsynced write and directory entry is lost.
     PowerLoss,
     /// Process crash: the OS keeps its page cache, so the current namespace
-    /// and all bytes written survive.
+    /// and all bytes written survive and read back; the disk gets every
+    /// write still waiting for write-back, but not what a failed sync
+    /// dropped (on Linux those pages stay cached, marked clean), which a
+    /// power loss of the image then loses.
     ProcessCrash,
     /// Power loss while the disk was writing back: the current namespace
     /// (entries reached the disk), and each file's durable bytes plus the
@@ -637,10 +640,19 @@ impl FaultyStorage {
             let new_ino = match renumbered.get(&ino) {
                 Some(&n) => n,
                 None => {
-                    let bytes = disk.inode(ino).image(policy);
+                    let old = disk.inode(ino);
+                    let bytes = old.image(policy);
+                    // After a process crash the page cache still holds what a
+                    // failed sync dropped: it reads back, but only the writes
+                    // pending write-back reach the disk, and a later sync
+                    // writes no page that is not written again.
+                    let durable = match policy {
+                        CrashPolicy::ProcessCrash => replay(&old.durable, &old.unsynced, u64::MAX),
+                        _ => bytes.clone(),
+                    };
                     let n = image.new_inode();
                     let inode = image.inode_mut(n);
-                    inode.durable.clone_from(&bytes);
+                    inode.durable = durable;
                     inode.mapped = bytes.len();
                     inode.current = bytes;
                     renumbered.insert(ino, n);

@@ -230,6 +230,7 @@ impl Store {
                 file,
                 valid_len: SEGMENT_HEADER_LEN as u64,
                 data_len: SEGMENT_HEADER_LEN as u64,
+                synced_to: SEGMENT_HEADER_LEN as u64,
             });
         }
         let last = walk.segments.len() - 1;
@@ -243,8 +244,26 @@ impl Store {
         }
         let active = walk.segments.pop().expect("at least one segment");
         // Frames written from now on claim the segment synced up to where it
-        // ends now (see `LogWriter::place`): make that true.
+        // ends now (see `LogWriter::place`): make that true. The records
+        // after what the last frame claims may read back from the page
+        // cache without being on the disk (a sync failed, and the process
+        // died before its `SYNC_FAILED` marker was durable): a sync would
+        // not write those pages, so they are written again first.
         let active_path = dir.join(segment_file_name(active.id));
+        let unsure_from = active.synced_to.max(SEGMENT_HEADER_LEN as u64);
+        if active.valid_len > unsure_from {
+            let len = usize::try_from(active.valid_len - unsure_from)
+                .map_err(|_| Error::io("read", &active_path, io::ErrorKind::OutOfMemory.into()))?;
+            let mut unsure = vec![0; len];
+            active
+                .file
+                .read_at(unsure_from, &mut unsure)
+                .map_err(|e| Error::io("read", &active_path, e))?;
+            active
+                .file
+                .write_at(unsure_from, &unsure)
+                .map_err(|e| Error::io("write", &active_path, e))?;
+        }
         active.file.sync_data().map_err(|e| {
             recovery::note_sync_failure(storage.as_ref(), &dir);
             Error::io("sync", active_path, e)
