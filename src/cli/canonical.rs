@@ -155,16 +155,14 @@ impl std::fmt::Display for Decimal {
         let len = i64::try_from(digits.len()).unwrap_or(i64::MAX);
         // Where the decimal point goes, counted from the first digit.
         let point = len.saturating_add(self.exponent);
-        match (usize::try_from(self.exponent), usize::try_from(point)) {
-            (Ok(zeros), _) if point <= 40 => write!(f, "{digits}{}", "0".repeat(zeros)),
-            (Err(_), Ok(at)) if at > 0 => {
+        let zeros = |n: i64| "0".repeat(usize::try_from(n).unwrap_or(0));
+        match usize::try_from(point) {
+            _ if self.exponent >= 0 && point <= 40 => write!(f, "{digits}{}", zeros(self.exponent)),
+            Ok(at) if self.exponent < 0 && at > 0 => {
                 let (whole, fraction) = digits.split_at(at);
                 write!(f, "{whole}.{fraction}")
             }
-            (Err(_), Err(_)) if point > -6 => {
-                let zeros = usize::try_from(-point).unwrap_or(0);
-                write!(f, "0.{}{digits}", "0".repeat(zeros))
-            }
+            _ if self.exponent < 0 && point > -6 => write!(f, "0.{}{digits}", zeros(-point)),
             _ => {
                 let (first, rest) = digits.split_at(1);
                 let dot = if rest.is_empty() { "" } else { "." };
@@ -231,6 +229,7 @@ mod tests {
             "123456789012345678901234",
             "12345678901234567890123.0",
             "0.000000123456789012345678901",
+            "0.12345678901234567890123",
             "9007199254740993",
             "1234567890123456789012345678901234567890123",
         ] {
@@ -284,6 +283,10 @@ mod tests {
         assert_eq!(
             canon("-1234567890123456789012345e-30"),
             "-0.000001234567890123456789012345"
+        );
+        assert_eq!(
+            canon("0.12345678901234567890123"),
+            "0.12345678901234567890123"
         );
         assert_eq!(canon("1e400"), "1e400");
         assert_eq!(canon("1.0E400"), "1e400");
