@@ -634,13 +634,7 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, ttls: Ttls) -> Result<R
         // log grew past the position it names, a later open could find it
         // fitting and skip every record written before that position. It
         // holds nothing the log does not: a snapshot only saves time.
-        let path = dir.join(SNAPSHOT_FILE);
-        storage
-            .remove_file(&path)
-            .map_err(|e| Error::io("remove", &path, e))?;
-        storage
-            .sync_dir(dir)
-            .map_err(|e| Error::io("sync directory", dir, e))?;
+        remove_durably(storage, dir, SNAPSHOT_FILE)?;
     }
     if storage
         .list_dir(dir)
@@ -655,13 +649,7 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, ttls: Ttls) -> Result<R
         {
             newest.file = rewrite_segment(storage, dir, newest.id, newest.valid_len)?;
         }
-        let marker = dir.join(SYNC_FAILED_FILE);
-        storage
-            .remove_file(&marker)
-            .map_err(|e| Error::io("remove", &marker, e))?;
-        storage
-            .sync_dir(dir)
-            .map_err(|e| Error::io("sync directory", dir, e))?;
+        remove_durably(storage, dir, SYNC_FAILED_FILE)?;
     }
     Ok(Recovered {
         index,
@@ -757,6 +745,18 @@ fn rewrite_segment(
     storage
         .open(&path, OpenMode::Append)
         .map_err(|e| Error::io("open", &path, e))
+}
+
+/// Removes `name` from `dir` and syncs `dir`, so that the removal outlives
+/// a power loss.
+fn remove_durably(storage: &dyn Storage, dir: &Path, name: &str) -> Result<()> {
+    let path = dir.join(name);
+    storage
+        .remove_file(&path)
+        .map_err(|e| Error::io("remove", &path, e))?;
+    storage
+        .sync_dir(dir)
+        .map_err(|e| Error::io("sync directory", dir, e))
 }
 
 /// Removes temporary files that an interrupted compaction or snapshot left.

@@ -848,6 +848,18 @@ fn automatic_snapshots_bound_the_log_replayed_after_a_crash() {
     assert_eq!(digests[0], digests[1]);
 }
 
+/// A store under `Sync` without zero filling (the syncs the tests below hold
+/// are commit syncs), its options, and one batch in it.
+fn a_sync_store_with_one_batch() -> (FaultyStorage, Options, Store) {
+    let storage = FaultyStorage::new();
+    let options = options(&storage, Durability::Sync).zero_fill(false);
+    let store = Store::open(dir(), options.clone()).expect("open");
+    store
+        .apply_batch(&Batch::new("B0").put("e0", "k0", 1, "v"))
+        .expect("apply");
+    (storage, options, store)
+}
+
 /// A commit sync covers the records written before it starts, not those
 /// written while it runs: writer B appends while A's sync (which succeeds)
 /// is held, both are acknowledged, and a power loss right after keeps both.
@@ -856,12 +868,7 @@ fn automatic_snapshots_bound_the_log_replayed_after_a_crash() {
 #[test]
 fn a_batch_written_while_a_commit_sync_runs_is_synced_before_it_is_acknowledged() {
     let timeout = std::time::Duration::from_secs(20);
-    let storage = FaultyStorage::new();
-    let options = options(&storage, Durability::Sync).zero_fill(false);
-    let store = Store::open(dir(), options.clone()).expect("open");
-    store
-        .apply_batch(&Batch::new("B0").put("e0", "k0", 1, "v"))
-        .expect("apply");
+    let (storage, options, store) = a_sync_store_with_one_batch();
     let a = Batch::new("A").put("ea", "ka", 1, "va");
     let b = Batch::new("B").put("eb", "kb", 1, "vb");
     storage.pause_after_next_sync();
@@ -908,12 +915,7 @@ fn a_batch_written_while_a_commit_sync_runs_is_synced_before_it_is_acknowledged(
 #[test]
 fn a_replay_waits_for_the_original_s_sync_before_it_is_acknowledged() {
     let timeout = std::time::Duration::from_secs(20);
-    let storage = FaultyStorage::new();
-    let options = options(&storage, Durability::Sync).zero_fill(false);
-    let store = Store::open(dir(), options.clone()).expect("open");
-    store
-        .apply_batch(&Batch::new("B0").put("e0", "k0", 1, "v"))
-        .expect("apply");
+    let (storage, options, store) = a_sync_store_with_one_batch();
     let batch = Batch::new("B1").put("e1", "k1", 1, "v1");
     storage.pause_next(OpKind::SyncData);
     let (original, replay) = std::thread::scope(|scope| {
