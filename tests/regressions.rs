@@ -188,3 +188,44 @@ fn canonical_json_of_a_float_is_canonical_again() {
     };
     assert_eq!(canonicalize(&value).expect("JSON"), value.to_vec());
 }
+
+/// Found by `open_store` (its input is in
+/// `fuzz/corpus/open_store/regression-commit-time-past-the-limit`): a record
+/// whose commit time lies past the latest the log records, its checksums
+/// mended. Open took it, and every later `apply_batch` then failed with
+/// `ClockOutOfRange`, though the clock was fine: the log's time never goes
+/// back. No writer makes such a record (it refuses such a clock), so open
+/// reports it as `Corruption`, and `repair` cuts it.
+#[test]
+fn a_commit_time_past_the_limit_is_corruption_not_a_stuck_store() {
+    let storage = FaultyStorage::new();
+    let store = Store::open(dir(), options(&storage)).expect("open");
+    for i in 1..=2 {
+        let batch = Batch::new(format!("B{i}")).put(format!("e{i}"), "k", i, "v");
+        store.apply_batch(&batch).expect("batch");
+    }
+    drop(store);
+    let mut segment = storage
+        .read_file(dir().join("0000000001.seg"))
+        .expect("segment 1");
+    let first_body_len = u32::from_le_bytes(segment[40..44].try_into().unwrap()) as usize;
+    let second = 32 + 28 + first_body_len;
+    // The body: batch id "B2" (a length byte and 2 bytes), content hash (16
+    // bytes), then the commit time.
+    let committed_at = second + 28 + 3 + 16;
+    segment[committed_at..committed_at + 8].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
+    mend_frame(&mut segment, second);
+
+    let storage = FaultyStorage::new();
+    put_file(&storage, "0000000001.seg", &segment);
+    match Store::open(dir(), options(&storage)) {
+        Err(Error::Corruption { offset, reason, .. }) => {
+            assert_eq!(offset, second as u64, "{reason}");
+        }
+        other => panic!("expected corruption, got {other:?}"),
+    }
+    Store::repair(dir(), options(&storage)).expect("repair");
+    let store = Store::open(dir(), options(&storage)).expect("open after repair");
+    let batch = Batch::new("B3").put("e3", "k", 3, "w");
+    assert_eq!(store.apply_batch(&batch).expect("writes go on").updated, 1);
+}

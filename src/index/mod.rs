@@ -27,7 +27,7 @@ use crate::format::record::{BatchRecord, WriteView};
 use crate::log::segments::ValueRef;
 use add_marks::AddMarks;
 use batches::{BatchEntry, BatchRegistry};
-use expiry::{Ttls, is_expired, to_secs_ceil};
+use expiry::{COMMIT_MS_MAX, Ttls, is_expired, to_secs_ceil};
 use keys::{KeyEntry, KeyHash, KeyIndex, KeyState};
 use seen::{Seen, SeenIndex};
 
@@ -157,6 +157,10 @@ impl Index {
         let now_ms = record.committed_ms;
         if now_ms < self.log_time_ms {
             return Err("commit time earlier than the previous record's");
+        }
+        if now_ms > COMMIT_MS_MAX {
+            // No writer makes one: it refuses such a clock (`ClockOutOfRange`).
+            return Err("commit time past the latest the log records");
         }
         let at_secs = to_secs_ceil(now_ms);
         // A key lookup reads the table, then the record it points to: the

@@ -13,6 +13,7 @@ use crate::format::state::{self, KeyValue, StateEnd, StateRecord};
 use crate::index::Index;
 use crate::index::add_marks::AddMark;
 use crate::index::batches::BatchEntry;
+use crate::index::expiry::COMMIT_MS_MAX;
 use crate::index::keys::{KeyEntry, KeyIndex, KeyState};
 use crate::index::seen::{BulkFilter, Seen};
 use crate::log::reader::RecordRef;
@@ -413,6 +414,9 @@ impl<'s> StateLoader<'s> {
                 }
                 if end.totals != self.totals {
                     return Err(fail("state totals do not match the records read"));
+                }
+                if end.log_time_ms > COMMIT_MS_MAX {
+                    return Err(fail("log time past the latest the log records"));
                 }
                 index.log_time_ms = end.log_time_ms;
                 self.end = Some(end);
