@@ -72,6 +72,30 @@ fn ingest_json(store: &Path, file: &Path, extra: &[&str]) -> Value {
     serde_json::from_str(stdout.trim()).expect("ingest --json prints one JSON object")
 }
 
+/// `ingest --json -` with `body` on stdin and the given extra arguments;
+/// returns the report object.
+fn ingest_stdin(store: &Path, body: &[u8], extra: &[&str]) -> Value {
+    let mut args = vec!["ingest", "--store", s(store), "--json"];
+    args.extend_from_slice(extra);
+    args.push("-");
+    let mut child = Command::new(BIN)
+        .args(&args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(body)
+        .expect("feed");
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    serde_json::from_str(text(&out.stdout).trim()).expect("ingest --json prints one JSON object")
+}
+
 fn digest(store: &Path) -> String {
     let digest = ok(&["digest", "--store", s(store)]).trim().to_owned();
     assert_eq!(digest.len(), 32, "digest {digest:?}");
@@ -914,32 +938,7 @@ fn stdin_ingest_dedups_by_event_id_and_replays_the_same_stream() {
     let dir = tempdir();
     let store = dir.path().join("store");
     let body = lines_with(&[]).join("\n") + "\n";
-    let run = || -> Value {
-        let mut child = Command::new(BIN)
-            .args([
-                "ingest",
-                "--store",
-                s(&store),
-                "--json",
-                "--batch-size",
-                "8",
-                "-",
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(body.as_bytes())
-            .expect("feed");
-        let out = child.wait_with_output().expect("wait");
-        assert!(out.status.success(), "{}", text(&out.stderr));
-        serde_json::from_str(text(&out.stdout).trim()).expect("json")
-    };
+    let run = || ingest_stdin(&store, body.as_bytes(), &["--batch-size", "8"]);
     let first = run();
     assert_eq!(first["inserted"].as_u64(), Some(30));
     assert_eq!(first["source"].as_str(), Some("stdin"));
@@ -956,22 +955,7 @@ fn a_stream_s_final_line_without_newline_is_ingested_when_the_stream_ends() {
     let dir = tempdir();
     let store = dir.path().join("store");
     let body = lines_with(&[]).join("\n");
-    let mut child = Command::new(BIN)
-        .args(["ingest", "--store", s(&store), "--json", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(body.as_bytes())
-        .expect("feed");
-    let out = child.wait_with_output().expect("wait");
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let report: Value = serde_json::from_str(text(&out.stdout).trim()).expect("json");
+    let report = ingest_stdin(&store, body.as_bytes(), &[]);
     assert_eq!(report["inserted"].as_u64(), Some(30), "{report}");
     assert_eq!(report["pending_bytes"].as_u64(), Some(0), "{report}");
     assert_eq!(report["checkpoint"].as_u64(), Some(body.len() as u64));
