@@ -251,6 +251,23 @@ fn replay_after_reopen_decides_exactly_what_the_live_store_decided() {
     }
 }
 
+/// A store under `Sync` on a fault-injection disk, ids seen for 1 s, on a
+/// manual clock; no zero filling, so that the sync a test holds is a
+/// commit sync.
+#[cfg(feature = "testing")]
+fn sync_store_with_a_one_second_seen_ttl() -> (idemkv::storage::FaultyStorage, ManualClock, Store) {
+    let storage = idemkv::storage::FaultyStorage::new();
+    let clock = ManualClock::new(T0_MS);
+    let options = Options::default()
+        .storage(Arc::new(storage.clone()))
+        .clock(Arc::new(clock.clone()))
+        .durability(idemkv::Durability::Sync)
+        .seen_ttl(Some(Duration::from_secs(1)))
+        .zero_fill(false);
+    let store = Store::open("/db", options).unwrap();
+    (storage, clock, store)
+}
+
 /// Under `Sync`, an id that a batch still waiting for its sync recorded,
 /// that expired, and that a large batch (whose seen ids may go into the
 /// index before its sync) recorded again, is a duplicate when it comes a
@@ -258,18 +275,9 @@ fn replay_after_reopen_decides_exactly_what_the_live_store_decided() {
 #[cfg(feature = "testing")]
 #[test]
 fn an_id_recorded_again_while_an_older_record_of_it_waits_for_its_sync_is_a_duplicate() {
-    use idemkv::storage::{FaultyStorage, OpKind};
+    use idemkv::storage::OpKind;
 
-    let storage = FaultyStorage::new();
-    let clock = ManualClock::new(T0_MS);
-    let options = Options::default()
-        .storage(Arc::new(storage.clone()))
-        .clock(Arc::new(clock.clone()))
-        .durability(idemkv::Durability::Sync)
-        .seen_ttl(Some(Duration::from_secs(1)))
-        // The held sync is B1's commit sync: no zero fill's sync before it.
-        .zero_fill(false);
-    let store = Store::open("/db", options).unwrap();
+    let (storage, clock, store) = sync_store_with_a_one_second_seen_ttl();
     let first = Batch::new("B1").put("x", "kx", 1, "v");
     let mut large = Batch::new("B2").put("x", "kx", 1, "v");
     for j in 0..300 {
@@ -363,18 +371,9 @@ fn add_while_pending(
     while_pending: Duration,
     second: &Batch,
 ) -> ([BatchReport; 2], i64) {
-    use idemkv::storage::{FaultyStorage, OpKind};
+    use idemkv::storage::OpKind;
 
-    let storage = FaultyStorage::new();
-    let clock = ManualClock::new(T0_MS);
-    let options = Options::default()
-        .storage(Arc::new(storage.clone()))
-        .clock(Arc::new(clock.clone()))
-        .durability(idemkv::Durability::Sync)
-        .seen_ttl(Some(Duration::from_secs(1)))
-        // The held sync is `first`'s commit sync.
-        .zero_fill(false);
-    let store = Store::open("/db", options).unwrap();
+    let (storage, clock, store) = sync_store_with_a_one_second_seen_ttl();
     store
         .apply_batch(&Batch::new("B0").add("e0", "ctr", 1, 1))
         .unwrap();

@@ -77,6 +77,23 @@ fn mend_frame(file: &mut [u8], at: usize) {
     file[at..at + 4].copy_from_slice(&crc.to_le_bytes());
 }
 
+/// The first segment of a store holding batches `B1` and `B2` (one put of
+/// `k` each), and where its second record starts.
+fn two_batch_segment() -> (Vec<u8>, usize) {
+    let storage = FaultyStorage::new();
+    let store = Store::open(dir(), options(&storage)).expect("open");
+    for i in 1..=2 {
+        let batch = Batch::new(format!("B{i}")).put(format!("e{i}"), "k", i, "v");
+        store.apply_batch(&batch).expect("batch");
+    }
+    drop(store);
+    let segment = storage
+        .read_file(dir().join("0000000001.seg"))
+        .expect("segment 1");
+    let first_body_len = u32::from_le_bytes(segment[40..44].try_into().unwrap()) as usize;
+    (segment, 32 + 28 + first_body_len)
+}
+
 /// Found by `open_store` within its first minute: a seed store whose second
 /// batch record was edited to claim an empty body, with every checksum
 /// mended (input flag bit 0), so that the record reaches the decoder. `open`
@@ -89,18 +106,7 @@ fn mend_frame(file: &mut [u8], at: usize) {
 /// the offending byte inside it.
 #[test]
 fn repair_cuts_a_record_that_does_not_decode_at_its_start() {
-    let storage = FaultyStorage::new();
-    let store = Store::open(dir(), options(&storage)).expect("open");
-    for i in 1..=2 {
-        let batch = Batch::new(format!("B{i}")).put(format!("e{i}"), "k", i, "v");
-        store.apply_batch(&batch).expect("batch");
-    }
-    drop(store);
-    let mut segment = storage
-        .read_file(dir().join("0000000001.seg"))
-        .expect("segment 1");
-    let first_body_len = u32::from_le_bytes(segment[40..44].try_into().unwrap()) as usize;
-    let second = 32 + 28 + first_body_len;
+    let (mut segment, second) = two_batch_segment();
     segment[second + 8..second + 12].copy_from_slice(&0u32.to_le_bytes());
     segment.truncate(second + 28);
     mend_frame(&mut segment, second);
@@ -198,18 +204,7 @@ fn canonical_json_of_a_float_is_canonical_again() {
 /// reports it as `Corruption`, and `repair` cuts it.
 #[test]
 fn a_commit_time_past_the_limit_is_corruption_not_a_stuck_store() {
-    let storage = FaultyStorage::new();
-    let store = Store::open(dir(), options(&storage)).expect("open");
-    for i in 1..=2 {
-        let batch = Batch::new(format!("B{i}")).put(format!("e{i}"), "k", i, "v");
-        store.apply_batch(&batch).expect("batch");
-    }
-    drop(store);
-    let mut segment = storage
-        .read_file(dir().join("0000000001.seg"))
-        .expect("segment 1");
-    let first_body_len = u32::from_le_bytes(segment[40..44].try_into().unwrap()) as usize;
-    let second = 32 + 28 + first_body_len;
+    let (mut segment, second) = two_batch_segment();
     // The body: batch id "B2" (a length byte and 2 bytes), content hash (16
     // bytes), then the commit time.
     let committed_at = second + 28 + 3 + 16;
