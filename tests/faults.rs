@@ -1318,3 +1318,55 @@ fn a_crash_between_a_failed_sync_and_its_marker_loses_no_later_batch() {
         assert!(store.get(key).unwrap().is_some(), "acknowledged {key} lost");
     }
 }
+
+/// A `Put` of the value its key holds is counted `unchanged` from the CRC
+/// and fingerprint the index keeps, without reading the log (DESIGN.md,
+/// "Values"): after the write, after an open from a snapshot, and after an
+/// open from a base segment. Every read fails meanwhile, so a comparison
+/// that read the value would fail the batch.
+#[test]
+fn a_put_of_the_value_a_key_holds_is_decided_without_reading_it() {
+    let storage = FaultyStorage::new();
+    let no_reads = || storage.inject(Fault::new(OpKind::Read, FaultError::Io).always());
+    let put = |store: &Store, n: u64, value: &str| {
+        let id = format!("B{n}");
+        let report = store
+            .apply_batch(&Batch::new(id.as_str()).put(format!("e{n}"), "k", n, value))
+            .unwrap_or_else(|e| panic!("batch {id}: {e}"));
+        (report.inserted, report.updated, report.unchanged)
+    };
+    let store = Store::open(dir(), options(&storage)).expect("open");
+    assert_eq!(put(&store, 1, "first value"), (1, 0, 0));
+    no_reads();
+    assert_eq!(put(&store, 2, "first value"), (0, 0, 1), "after the write");
+    assert_eq!(put(&store, 3, "other value"), (0, 1, 0), "same length");
+    assert_eq!(put(&store, 4, "other value"), (0, 0, 1));
+    storage.heal();
+    store.snapshot().expect("snapshot");
+    store.close().expect("close");
+
+    let store = Store::open(dir(), options(&storage)).expect("reopen");
+    assert!(
+        store.stats().opened_from_snapshot,
+        "opened from the snapshot"
+    );
+    no_reads();
+    assert_eq!(put(&store, 5, "other value"), (0, 0, 1), "from a snapshot");
+    storage.heal();
+    store.compact().expect("compact");
+    store.close().expect("close");
+
+    let store = Store::open(dir(), options(&storage)).expect("reopen");
+    no_reads();
+    assert_eq!(
+        put(&store, 6, "other value"),
+        (0, 0, 1),
+        "from a base segment"
+    );
+    assert_eq!(put(&store, 7, "a new value"), (0, 1, 0));
+    storage.heal();
+    assert_eq!(
+        &store.get("k").expect("get").expect("live").value[..],
+        b"a new value"
+    );
+}

@@ -207,6 +207,7 @@ pub(crate) fn write(
                             offset: v.offset,
                             len: v.len,
                             crc: v.crc,
+                            fingerprint: v.fingerprint,
                         },
                     )
                 })?;
