@@ -107,6 +107,11 @@ struct KeyLoader {
     ref_extents: std::collections::BTreeMap<u32, u64>,
 }
 
+/// A problem with a record's entries as a whole, reported at the record's start.
+fn record_problem(what: &'static str) -> codec::DecodeError {
+    codec::DecodeError { offset: 0, what }
+}
+
 impl KeyLoader {
     fn new(kind: FileKind) -> Self {
         Self {
@@ -122,11 +127,9 @@ impl KeyLoader {
         record: &RecordRef<'_>,
         segment: u32,
     ) -> Result<(), codec::DecodeError> {
-        let fail = |what| codec::DecodeError { offset: 0, what };
-        let StateRecord::Keys(entries) = state::decode_state(record.kind, record.body)? else {
-            unreachable!("only key records are given to the key loader");
-        };
-        for k in entries {
+        let fail = record_problem;
+        debug_assert_eq!(record.kind, state::KIND_KEYS, "key records only");
+        state::for_each_key(record.body, |k| {
             let state = match k.value {
                 KeyValue::Inline { .. } if !self.values_inline => {
                     return Err(fail("a value inline in a snapshot"));
@@ -177,8 +180,8 @@ impl KeyLoader {
             keys.bulk_push(k.key, KeyEntry { seq: k.seq, state })
                 .map_err(fail)?;
             self.count += 1;
-        }
-        Ok(())
+            Ok(())
+        })
     }
 }
 
@@ -215,9 +218,10 @@ fn load_on_key_thread(
                 // vectors would be freed on this thread, and the loading
                 // thread would fault fresh pages for every record (measured:
                 // 115 -> 161 ms for the reopen bench's snapshot).
-                if let Ok(StateRecord::Seen(seen)) = state::decode_state(record.kind, record.body) {
-                    seen.iter().for_each(|s| filter.add(s.id));
-                }
+                let _ = state::for_each_seen(record.body, |s| {
+                    filter.add(s.id);
+                    Ok(())
+                });
             }
         }
     }
@@ -341,18 +345,23 @@ impl<'s> StateLoader<'s> {
             KeyStage::Thread { records, .. } => *records = None,
             KeyStage::Here(_) => {}
         }
+        if record.kind == state::KIND_SEEN {
+            let seen_ids = &mut self.totals[1];
+            return state::for_each_seen(record.body, |s| {
+                let seen = Seen {
+                    payload: s.payload,
+                    at_secs: s.at_secs,
+                };
+                index.seen.bulk_push(s.id, seen).map_err(record_problem)?;
+                *seen_ids += 1;
+                Ok(())
+            })
+            .map_err(|e| LoadError::new(record, e));
+        }
         let decoded = state::decode_state(record.kind, record.body);
         match decoded.map_err(|e| LoadError::new(record, e))? {
-            StateRecord::Keys(_) => unreachable!("key records are handled above"),
-            StateRecord::Seen(seen) => {
-                for s in seen {
-                    let seen = Seen {
-                        payload: s.payload,
-                        at_secs: s.at_secs,
-                    };
-                    index.seen.bulk_push(s.id, seen).map_err(fail)?;
-                    self.totals[1] += 1;
-                }
+            StateRecord::Keys(_) | StateRecord::Seen(_) => {
+                unreachable!("key and seen records are handled above")
             }
             StateRecord::Batches(batches) => {
                 for b in batches {
