@@ -538,6 +538,37 @@ fn faults_at_commit_syncs_leave_no_batch_visible() {
     }
 }
 
+/// A failed commit sync may have written some of its pages before the
+/// error (Linux reports it for the file, not for the pages), and a power
+/// loss may follow at once: the disk then holds a prefix of the failed
+/// sync's bytes, from a frame cut in its header to the whole record. Open
+/// holds the acknowledged batches, and the failed one only if its whole
+/// record made it; the workload resumes to the uninterrupted state.
+#[test]
+fn a_power_loss_after_a_failed_commit_sync_that_wrote_part_of_it_keeps_every_acknowledged_batch() {
+    let batches = workload();
+    let clean = clean_run(&batches, false);
+    for op in clean.ops.iter().filter(|o| is_commit_sync(&clean.ops, o)) {
+        for written in [10, 100, 1_000, usize::MAX] {
+            let what = format!("Io at commit sync op {}, {written} bytes written", op.index);
+            let storage = FaultyStorage::new();
+            storage.inject(
+                Fault::new(OpKind::SyncData, FaultError::Io)
+                    .skip(ordinal(&clean.ops, op))
+                    .written_bytes(written),
+            );
+            let store = Store::open(dir(), options(&storage)).expect("open");
+            let failed_at = batches
+                .iter()
+                .position(|b| store.apply_batch(b).is_err())
+                .unwrap_or_else(|| panic!("{what}: the sync fault fails a batch"));
+            drop(store);
+            let image = storage.crash_image(CrashPolicy::PowerLoss);
+            reopen_and_resume(&image, &batches, &clean, failed_at..=failed_at + 1, &what);
+        }
+    }
+}
+
 /// The workload's disk as a process crash inside the append of batch
 /// `batch` leaves it: the record is torn in half.
 fn torn_tail_image(clean: &Clean, batch: usize) -> (FaultyStorage, OpRecord) {

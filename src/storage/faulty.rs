@@ -156,7 +156,10 @@ impl Fault {
         self
     }
 
-    /// A failing write first writes `bytes` bytes of its buffer.
+    /// A failing write first writes `bytes` bytes of its buffer; a failing
+    /// `sync_data` first makes the first `bytes` bytes of the file's
+    /// unsynced writes durable, as a disk may have written some of a failed
+    /// sync's pages (the rest stays readable and never reaches the disk).
     #[must_use]
     pub fn written_bytes(mut self, bytes: usize) -> Self {
         self.written_bytes = bytes;
@@ -1006,11 +1009,16 @@ impl StorageFile for FaultyFile {
                 }
             }
             Gate::Fail {
-                error, is_crash, ..
+                error,
+                is_crash,
+                written_bytes,
             } => {
                 if !is_crash {
                     // An fsync error drops the dirty pages' write-back: what
-                    // was unsynced stays readable but never reaches the disk.
+                    // was unsynced stays readable but never reaches the
+                    // disk, but for what the disk wrote before the error.
+                    let written = written_bytes.unwrap_or(0) as u64;
+                    inode.durable = replay(&inode.durable, &inode.unsynced, written);
                     inode.unsynced.clear();
                     inode.failed_syncs += 1;
                     self.reported_failed_syncs
@@ -1147,6 +1155,19 @@ mod tests {
         assert_eq!(s.read_file(dir().join("a")).unwrap(), b"lostkept");
         let image = s.crash_image(CrashPolicy::PowerLoss);
         assert_eq!(image.read_file(dir().join("a")).unwrap(), b"\0\0\0\0kept");
+    }
+
+    #[test]
+    fn a_failed_sync_may_have_written_a_prefix_of_its_writes() {
+        let (s, f) = setup();
+        s.sync_dir(&dir()).unwrap();
+        f.append(b"half").unwrap();
+        f.append(b"lost").unwrap();
+        s.inject(Fault::new(OpKind::SyncData, FaultError::Io).written_bytes(6));
+        f.sync_data().unwrap_err();
+        assert_eq!(s.read_file(dir().join("a")).unwrap(), b"halflost");
+        let image = s.crash_image(CrashPolicy::PowerLoss);
+        assert_eq!(image.read_file(dir().join("a")).unwrap(), b"halflo");
     }
 
     #[test]

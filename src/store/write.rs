@@ -83,7 +83,10 @@ impl Store {
     /// `ConflictingEvent` / `InvalidEvent` under `OnConflict::Fail`,
     /// `BatchConflict` for a reused batch id, `InvalidBatch` for a bad batch
     /// id or checkpoint, `Io` or `Poisoned` when the disk fails. On any error
-    /// nothing of the batch is applied.
+    /// nothing of the batch is applied. After a failed sync the disk may
+    /// still have written the batch's record, so a later `open` may find
+    /// the batch committed. Apply it again after reopening: if it did
+    /// commit, that is a replay.
     pub fn apply_batch(&self, batch: &Batch) -> Result<BatchReport> {
         validate(batch)?;
         let (content_hash, hashes) = hash_batch(batch);
