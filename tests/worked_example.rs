@@ -77,7 +77,7 @@ fn the_files_of_the_worked_example_are_the_bytes_design_md_shows() {
             hex_dump(&snapshot)
         );
     }
-    assert_eq!(snapshot.len(), 394);
+    assert_eq!(snapshot.len(), 386);
     assert_eq!(
         snapshot,
         dump_after(&design, "The snapshot:"),

@@ -9,7 +9,7 @@ use bytes::Bytes;
 
 use crate::error::Result;
 use crate::index::keys::{KeyEntry, KeyHash};
-use crate::log::segments::{ValueRef, ValueSums};
+use crate::log::segments::ValueRef;
 
 /// The committed state a batch is planned against, as of the batch's commit
 /// time: expired tombstones and seen ids are already hidden.
@@ -21,8 +21,8 @@ pub(crate) trait StateView {
     fn key(&self, key: &[u8], hash: KeyHash) -> Option<KeyEntry>;
     /// A stored value's bytes (checksum verified).
     fn read_value(&self, value: ValueRef) -> Result<Bytes>;
-    /// Whether a stored value equals `candidate`, whose sums are `sums`.
-    fn value_equals(&self, value: ValueRef, candidate: &[u8], sums: ValueSums) -> Result<bool>;
+    /// Whether a stored value equals `candidate`, whose CRC-32 is `candidate_crc`.
+    fn value_equals(&self, value: ValueRef, candidate: &[u8], candidate_crc: u32) -> Result<bool>;
     /// The payload hash recorded for a seen event id.
     fn seen(&self, id_hash: u128) -> Option<u64>;
     /// A hint that `seen(id_hash)` follows shortly.

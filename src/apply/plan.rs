@@ -35,7 +35,7 @@ use crate::format::record::{CounterText, ValueSource, WriteSource, parse_counter
 use crate::hashing::{BytesMap, IdMap};
 use crate::index::PREFETCH_AHEAD;
 use crate::index::keys::KeyHash;
-use crate::log::segments::{ValueRef, ValueSums};
+use crate::log::segments::ValueRef;
 use crate::options::OnConflict;
 
 /// One key's new state after the batch.
@@ -263,14 +263,13 @@ impl<'b, V: StateView> Planner<'b, '_, V> {
                     self.write(key, seq, WriteSource::Put(ValueSource::Bytes(value)));
                 }
                 Some(v) => {
-                    // A stored value of the same length is compared by its
-                    // sums first; the encoder reuses the CRC if the bytes
-                    // differ.
+                    // A stored value of the same length is compared by CRC
+                    // first; the encoder reuses that CRC if the bytes differ.
                     let (is_same, source) = match v {
                         Value::Stored(stored) if stored.len as usize == value.len() => {
-                            let sums = ValueSums::of(value);
-                            let is_same = self.view.value_equals(stored, value, sums)?;
-                            (is_same, ValueSource::BytesWithCrc(value, sums.crc))
+                            let crc = crc32fast::hash(value);
+                            let is_same = self.view.value_equals(stored, value, crc)?;
+                            (is_same, ValueSource::BytesWithCrc(value, crc))
                         }
                         Value::Stored(_) => (false, ValueSource::Bytes(value)),
                         Value::Planned(_) => (

@@ -24,11 +24,3 @@ pub(crate) const POSITION_BYTES_MAX: usize = 64 * 1024;
 
 /// Largest record body. Keeps every offset inside a segment within `u32`.
 pub(crate) const RECORD_BODY_BYTES_MAX: usize = 1 << 30;
-
-/// A value's fingerprint: the high 32 bits of its unseeded xxh3-64. Beside
-/// its CRC32 it lets the index decide that a put leaves a value unchanged
-/// without reading the stored bytes (DESIGN.md, "Values"); snapshots keep
-/// it (`REF_SUMS`).
-pub(crate) fn value_fingerprint(value: &[u8]) -> u32 {
-    (xxhash_rust::xxh3::xxh3_64(value) >> 32) as u32
-}

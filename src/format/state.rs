@@ -23,7 +23,6 @@ const KEY_INLINE: u8 = 0;
 const KEY_REF: u8 = 1;
 const KEY_REF_CRC: u8 = 3;
 const KEY_TOMBSTONE: u8 = 2;
-const KEY_REF_SUMS: u8 = 4;
 
 pub(crate) const SEEN_ENTRY_LEN: usize = 16 + 8 + 4;
 
@@ -39,14 +38,12 @@ pub(crate) enum KeyValue<'a> {
         value_at: usize,
     },
     /// Where the value lives in a segment (its CRC32 sits just before it),
-    /// with that CRC and the value's fingerprint when the index knew them
-    /// (a fingerprint is kept only beside its CRC).
+    /// with that CRC when the index knew it.
     Ref {
         segment: u32,
         offset: u32,
         len: u32,
         crc: Option<u32>,
-        fingerprint: Option<u32>,
     },
     Tombstone {
         at_secs: u32,
@@ -130,19 +127,13 @@ pub(crate) fn encode_key(buf: &mut Vec<u8>, key: &[u8], seq: u64, value: KeyValu
             offset,
             len,
             crc,
-            fingerprint,
         } => {
-            let (tag, sums) = match (crc, fingerprint) {
-                (Some(crc), Some(fingerprint)) => (KEY_REF_SUMS, [Some(crc), Some(fingerprint)]),
-                (Some(crc), None) => (KEY_REF_CRC, [Some(crc), None]),
-                (None, _) => (KEY_REF, [None, None]),
-            };
-            codec::put_u8(buf, tag);
+            codec::put_u8(buf, if crc.is_some() { KEY_REF_CRC } else { KEY_REF });
             codec::put_u32(buf, segment);
             codec::put_u32(buf, offset);
             codec::put_u32(buf, len);
-            for sum in sums.into_iter().flatten() {
-                codec::put_u32(buf, sum);
+            if let Some(crc) = crc {
+                codec::put_u32(buf, crc);
             }
         }
         KeyValue::Tombstone { at_secs } => {
@@ -231,17 +222,12 @@ fn decode_key<'a>(d: &mut Decoder<'a>) -> Result<KeyEntryView<'a>, DecodeError> 
             let (value, value_at, _) = d.value(RECORD_BODY_BYTES_MAX)?;
             KeyValue::Inline { value, value_at }
         }
-        tag @ (KEY_REF | KEY_REF_CRC | KEY_REF_SUMS) => KeyValue::Ref {
+        tag @ (KEY_REF | KEY_REF_CRC) => KeyValue::Ref {
             segment: d.u32("value segment")?,
             offset: d.u32("value offset")?,
             len: d.u32("value length")?,
-            crc: if tag == KEY_REF {
-                None
-            } else {
+            crc: if tag == KEY_REF_CRC {
                 Some(d.u32("value checksum")?)
-            },
-            fingerprint: if tag == KEY_REF_SUMS {
-                Some(d.u32("value fingerprint")?)
             } else {
                 None
             },
@@ -421,7 +407,6 @@ mod tests {
                         offset: 100,
                         len: 5,
                         crc: None,
-                        fingerprint: None,
                     },
                 );
                 encode_key(b, b"k3", 5, KeyValue::Tombstone { at_secs: 9 });
@@ -434,22 +419,9 @@ mod tests {
                         offset: 200,
                         len: 6,
                         crc: Some(0xdead_beef),
-                        fingerprint: None,
                     },
                 );
-                encode_key(
-                    b,
-                    b"k5",
-                    7,
-                    KeyValue::Ref {
-                        segment: 4,
-                        offset: 300,
-                        len: 7,
-                        crc: Some(0xdead_beef),
-                        fingerprint: Some(0xfeed_f00d),
-                    },
-                );
-                5
+                4
             }),
             section(KIND_SEEN, |b| {
                 encode_seen(
@@ -520,7 +492,6 @@ mod tests {
                         offset: 100,
                         len: 5,
                         crc: None,
-                        fingerprint: None,
                     }
                 );
                 assert_eq!(keys[2].value, KeyValue::Tombstone { at_secs: 9 });
@@ -531,17 +502,6 @@ mod tests {
                         offset: 200,
                         len: 6,
                         crc: Some(0xdead_beef),
-                        fingerprint: None,
-                    }
-                );
-                assert_eq!(
-                    keys[4].value,
-                    KeyValue::Ref {
-                        segment: 4,
-                        offset: 300,
-                        len: 7,
-                        crc: Some(0xdead_beef),
-                        fingerprint: Some(0xfeed_f00d),
                     }
                 );
             }

@@ -1,14 +1,14 @@
 //! Key -> (seq, live value location or tombstone), in key order.
 //!
-//! Memory is the constraint: at most 52 bytes plus the key's own bytes per
+//! Memory is the constraint: at most 48 bytes plus the key's own bytes per
 //! key held, live or tombstone (DESIGN.md, "Index memory"). `get` and `set`
 //! run for every delivery, so they take one hash probe. The index makes no
 //! allocation per key:
 //!
 //! - The **arena** holds one *record* per key, back to back in chunks of
-//!   256 KiB: the seq, the value location (with its CRC and fingerprint)
-//!   or tombstone time, the key's length and the key's bytes, 30 bytes plus
-//!   the key, padded to 4. A record's
+//!   256 KiB: the seq, the value location (with its CRC) or tombstone time,
+//!   the key's length and the key's bytes, 26 bytes plus the key, padded to
+//!   4. A record's
 //!   *address* is a `u32` counted in 4-byte units (so at most 16 GiB of
 //!   records). A record never straddles two chunks, and never moves until a
 //!   purge rebuilds the arena.
@@ -84,7 +84,7 @@ pub(crate) enum KeyState {
     Live(ValueRef),
     Deleted { at_secs: u32 },
 }
-const _: () = assert!(std::mem::size_of::<KeyEntry>() == 40);
+const _: () = assert!(std::mem::size_of::<KeyEntry>() == 32);
 
 impl KeyEntry {
     /// The live value's location; `None` for a tombstone.
@@ -106,35 +106,27 @@ impl KeyEntry {
 
 // A record, all little-endian:
 //
-// | offset | size | field                                                          |
-// |--------|------|----------------------------------------------------------------|
-// | 0      | 8    | seq                                                            |
-// | 8      | 20   | live: segment, offset, len, CRC, fingerprint;                  |
-// |        |      | tombstone: second, then zeros                                  |
-// | 28     | 2    | key length << 3, plus 4 if the fingerprint is known, 2 if the  |
-// |        |      | CRC is, 1 for a tombstone                                      |
-// | 30     | len  | key                                                            |
+// | offset | size | field                                                         |
+// |--------|------|---------------------------------------------------------------|
+// | 0      | 8    | seq                                                           |
+// | 8      | 16   | live: segment, offset, len, CRC; tombstone: second, 0, 0, 0   |
+// | 24     | 2    | key length << 2, plus 2 if the CRC is known, 1 for a tombstone |
+// | 26     | len  | key                                                           |
 //
 // then zero to three bytes of padding to a multiple of `UNIT_BYTES`.
 const SEQ_AT: usize = 0;
 const STATE_AT: usize = SEQ_AT + 8;
-const STATE_WORDS: usize = 5;
-const KEY_WORD_AT: usize = STATE_AT + 4 * STATE_WORDS;
+const KEY_WORD_AT: usize = STATE_AT + 16;
 const KEY_AT: usize = KEY_WORD_AT + 2;
 const TOMBSTONE_FLAG: u16 = 1;
 const CRC_FLAG: u16 = 2;
-const FINGERPRINT_FLAG: u16 = 4;
-const FLAG_BITS: u32 = 3;
 /// Records start at multiples of this; addresses count these units.
 const UNIT_BYTES: usize = 4;
-const _: () = assert!(
-    ID_BYTES_MAX < 1 << (16 - FLAG_BITS),
-    "key length fits beside the flags"
-);
+const _: () = assert!(ID_BYTES_MAX < 1 << 14, "key length fits beside the flags");
 
 /// The key length a record's key word holds.
 fn key_len(key_word: u16) -> usize {
-    usize::from(key_word >> FLAG_BITS)
+    usize::from(key_word >> 2)
 }
 
 fn record_bytes(key_len: usize) -> usize {
@@ -322,21 +314,13 @@ impl Arena {
 fn encode_header(entry: KeyEntry, key_len: usize) -> [u8; KEY_AT] {
     let (state, flags) = match entry.state {
         KeyState::Live(v) => {
-            let flag = |known: Option<u32>, flag| if known.is_some() { flag } else { 0 };
-            (
-                [
-                    v.segment,
-                    v.offset,
-                    v.len,
-                    v.crc.unwrap_or(0),
-                    v.fingerprint.unwrap_or(0),
-                ],
-                flag(v.crc, CRC_FLAG) | flag(v.fingerprint, FINGERPRINT_FLAG),
-            )
+            let crc_flag = if v.crc.is_some() { CRC_FLAG } else { 0 };
+            let crc = v.crc.unwrap_or(0);
+            ([v.segment, v.offset, v.len, crc], crc_flag)
         }
-        KeyState::Deleted { at_secs } => ([at_secs, 0, 0, 0, 0], TOMBSTONE_FLAG),
+        KeyState::Deleted { at_secs } => ([at_secs, 0, 0, 0], TOMBSTONE_FLAG),
     };
-    let key_word = u16::try_from(key_len << FLAG_BITS).expect("key length fits in 13 bits") | flags;
+    let key_word = u16::try_from(key_len << 2).expect("key length fits in 14 bits") | flags;
     let mut header = [0; KEY_AT];
     let (seq, rest) = header.split_at_mut(STATE_AT);
     seq.copy_from_slice(&entry.seq.to_le_bytes());
@@ -360,7 +344,6 @@ fn decode_entry(record: &[u8]) -> KeyEntry {
             offset: word(1),
             len: word(2),
             crc: (flags & CRC_FLAG != 0).then(|| word(3)),
-            fingerprint: (flags & FINGERPRINT_FLAG != 0).then(|| word(4)),
         })
     };
     KeyEntry { seq, state }
@@ -724,7 +707,7 @@ impl KeyIndex {
             match arena.entry(a).state {
                 KeyState::Live(_) => live += 1,
                 KeyState::Deleted { .. } => {
-                    assert_eq!(record.get(STATE_AT + 4..KEY_WORD_AT), Some(&[0; 16][..]));
+                    assert_eq!(record.get(STATE_AT + 4..KEY_WORD_AT), Some(&[0; 12][..]));
                 }
             }
         }
@@ -954,7 +937,6 @@ mod tests {
                 offset: 4,
                 len: 1,
                 crc: None,
-                fingerprint: None,
             }),
         }
     }
@@ -1123,16 +1105,14 @@ mod tests {
                 0..4u32,
                 any::<u32>(),
                 any::<u32>(),
-                proptest::option::of(any::<u32>()),
                 proptest::option::of(any::<u32>())
             )
-                .prop_map(|(segment, offset, len, crc, fingerprint)| {
+                .prop_map(|(segment, offset, len, crc)| {
                     KeyState::Live(ValueRef {
                         segment,
                         offset,
                         len,
                         crc,
-                        fingerprint,
                     })
                 }),
             (0..20u32).prop_map(|at_secs| KeyState::Deleted { at_secs }),
@@ -1307,7 +1287,7 @@ mod tests {
         let keys = index.live_count() + index.tombstone_count();
         let key_bytes: u64 = index.range_prefix(b"").map(|(k, _)| k.len() as u64).sum();
         let per_key = index.memory_bytes() as f64 / keys as f64;
-        let budget = 52.0 + key_bytes as f64 / keys as f64;
+        let budget = 48.0 + key_bytes as f64 / keys as f64;
         assert!(
             per_key <= budget,
             "{per_key:.2} bytes per key {when}, budget {budget:.2}"
@@ -1334,7 +1314,7 @@ mod tests {
     }
 
     #[test]
-    fn memory_stays_within_52_bytes_plus_the_key_per_key() {
+    fn memory_stays_within_48_bytes_plus_the_key_per_key() {
         let mut index = KeyIndex::default();
         let n = 200_000u64;
         let mut worst: f64 = 0.0;

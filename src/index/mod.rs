@@ -24,7 +24,6 @@ use bytes::Bytes;
 
 use crate::batch::{BatchReport, QuarantineEntry};
 use crate::format::record::{BatchRecord, WriteView};
-use crate::format::value_fingerprint;
 use crate::log::segments::ValueRef;
 use add_marks::AddMarks;
 use batches::{BatchEntry, BatchRegistry};
@@ -197,7 +196,6 @@ impl Index {
                         offset,
                         len,
                         crc: Some(crc),
-                        fingerprint: Some(value_fingerprint(value)),
                     })
                 }
                 WriteView::Delete => KeyState::Deleted { at_secs },

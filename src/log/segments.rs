@@ -13,7 +13,6 @@ use parking_lot::RwLock;
 
 use super::names::segment_file_name;
 use crate::error::{Error, Result};
-use crate::format::value_fingerprint;
 use crate::storage::StorageFile;
 
 #[derive(Debug)]
@@ -42,26 +41,6 @@ pub(crate) struct ValueRef {
     /// it; only a snapshot written before they did (key tag `REF`) loads
     /// keys without it.
     pub crc: Option<u32>,
-    /// The value's `value_fingerprint`, known where the CRC is, except in
-    /// keys loaded from a snapshot written before snapshots kept it
-    /// (`REF_CRC`).
-    pub fingerprint: Option<u32>,
-}
-
-/// A candidate value's CRC32 and fingerprint, computed from its bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ValueSums {
-    pub crc: u32,
-    pub fingerprint: u32,
-}
-
-impl ValueSums {
-    pub(crate) fn of(bytes: &[u8]) -> Self {
-        Self {
-            crc: crc32fast::hash(bytes),
-            fingerprint: value_fingerprint(bytes),
-        }
-    }
 }
 
 fn corruption(segment: u32, offset: u64, reason: &str) -> Error {
@@ -200,35 +179,27 @@ impl SegmentMaps {
         Ok(Bytes::from(stored).slice(4..))
     }
 
-    /// Whether the stored value equals `candidate`, whose sums are
-    /// `sums`. Cheaper than `read`: lengths, then the CRC and fingerprint
-    /// the index knows, which decide without reading the segment when it
-    /// knows both (64 bits of evidence, as for a payload hash: DESIGN.md,
-    /// "Values"); a damaged value is then found by its next read, not here.
-    /// Otherwise the stored CRC against the candidate's, then the bytes:
-    /// equal bytes under a matching CRC are themselves verified, and a
-    /// damaged value compares unequal.
+    /// Whether the stored value equals `candidate`. Cheaper than `read`:
+    /// lengths, then the CRC the index knows (which spares reading the
+    /// segment for most values that differ), then the stored CRC against the
+    /// candidate's, then the bytes. Equal bytes under a matching CRC are
+    /// themselves verified, and a damaged value only ever compares unequal.
     pub(crate) fn equals(
         &self,
         value: ValueRef,
         candidate: &[u8],
-        sums: ValueSums,
+        candidate_crc: u32,
     ) -> Result<bool> {
         if value.len as usize != candidate.len() {
             return Ok(false);
         }
-        if value.crc.is_some_and(|crc| crc != sums.crc)
-            || value.fingerprint.is_some_and(|f| f != sums.fingerprint)
-        {
+        if value.crc.is_some_and(|crc| crc != candidate_crc) {
             return Ok(false);
         }
-        if value.crc.is_some() && value.fingerprint.is_some() {
-            return Ok(true);
-        }
-        // A key loaded without its sums: the stored CRC and bytes decide,
-        // read with `read_at`, which maps no page (these reads land
-        // anywhere in the log, and a fault through the map would bring in
-        // the pages around).
+        // Most likely equal, or a key loaded without its CRC: the stored CRC
+        // and bytes decide, read with `read_at`, which maps no page (these
+        // reads land anywhere in the log, and a fault through the map would
+        // bring in the pages around).
         let (mut small, mut large) = ([0; 256], Vec::new());
         let stored = match small.get_mut(..4 + candidate.len()) {
             Some(stored) => stored,
@@ -239,7 +210,7 @@ impl SegmentMaps {
         };
         self.read_raw(value, stored)?;
         let (crc, bytes) = stored.split_at(4);
-        Ok(crc == sums.crc.to_le_bytes() && bytes == candidate)
+        Ok(crc == candidate_crc.to_le_bytes() && bytes == candidate)
     }
 
     /// Reads a value's stored CRC and bytes, unchecked, into `out`.
@@ -268,9 +239,8 @@ impl SegmentMaps {
     }
 }
 
-/// Checks a value's bytes against their stored CRC, and that CRC and the
-/// bytes' fingerprint against those the index knows for the value, if it
-/// knows them.
+/// Checks a value's bytes against their stored CRC, and that CRC against
+/// the one the index knows for the value, if it knows one.
 fn check_stored(value: ValueRef, stored_crc: u32, bytes: &[u8]) -> Result<()> {
     let at = u64::from(value.offset.saturating_sub(4));
     if crc32fast::hash(bytes) != stored_crc {
@@ -283,16 +253,6 @@ fn check_stored(value: ValueRef, stored_crc: u32, bytes: &[u8]) -> Result<()> {
             "value does not match the checksum its index entry holds",
         ));
     }
-    if value
-        .fingerprint
-        .is_some_and(|known| known != value_fingerprint(bytes))
-    {
-        return Err(corruption(
-            value.segment,
-            at,
-            "value does not match the fingerprint its index entry holds",
-        ));
-    }
     Ok(())
 }
 
@@ -301,9 +261,9 @@ mod tests {
     use super::*;
     use crate::storage::{OpenMode, Storage};
 
-    /// `SegmentMaps::equals` with the candidate's sums computed here.
+    /// `SegmentMaps::equals` with the candidate's CRC computed here.
     fn equals(maps: &SegmentMaps, value: ValueRef, candidate: &[u8]) -> Result<bool> {
-        maps.equals(value, candidate, ValueSums::of(candidate))
+        maps.equals(value, candidate, crc32fast::hash(candidate))
     }
 
     #[test]
@@ -323,7 +283,6 @@ mod tests {
             offset: 12,
             len: 5,
             crc: None,
-            fingerprint: None,
         };
         assert!(equals(&maps, v, b"hello").unwrap());
         assert!(!equals(&maps, v, b"hellO").unwrap());
@@ -387,7 +346,6 @@ mod tests {
             offset: 12,
             len: 5,
             crc: None,
-            fingerprint: None,
         };
         assert!(
             equals(&maps, unmapped, b"hello").is_err(),
@@ -406,69 +364,5 @@ mod tests {
             equals(&maps, same, b"hello").is_err(),
             "a matching CRC reads the bytes"
         );
-        let hello = ValueSums::of(b"hello");
-        let summed = ValueRef {
-            crc: Some(hello.crc),
-            fingerprint: Some(hello.fingerprint),
-            ..unmapped
-        };
-        assert!(
-            equals(&maps, summed, b"hello").unwrap(),
-            "a matching CRC and fingerprint decide without reading"
-        );
-        assert!(
-            !equals(&maps, summed, b"hellO").unwrap(),
-            "so does a CRC that differs"
-        );
-        let other_fingerprint = ValueRef {
-            fingerprint: Some(!hello.fingerprint),
-            ..summed
-        };
-        assert!(
-            !equals(&maps, other_fingerprint, b"hello").unwrap(),
-            "and a fingerprint that differs"
-        );
-        let fingerprint_alone = ValueRef {
-            crc: None,
-            ..summed
-        };
-        assert!(
-            equals(&maps, fingerprint_alone, b"hello").is_err(),
-            "a fingerprint without its CRC reads the bytes"
-        );
-    }
-
-    #[test]
-    fn a_read_refuses_bytes_whose_fingerprint_the_index_does_not_hold() {
-        let storage = crate::storage::OsStorage;
-        let dir = tempfile::tempdir().unwrap();
-        let file = storage
-            .open(&dir.path().join("v"), OpenMode::CreateNew)
-            .unwrap();
-        let mut bytes = vec![0u8; 8];
-        bytes.extend_from_slice(&crc32fast::hash(b"hello").to_le_bytes());
-        bytes.extend_from_slice(b"hello");
-        file.append(&bytes).unwrap();
-        let maps = SegmentMaps::new(0);
-        maps.insert(1, Arc::clone(&file), file.map(0).unwrap());
-        let hello = ValueSums::of(b"hello");
-        let v = ValueRef {
-            segment: 1,
-            offset: 12,
-            len: 5,
-            crc: Some(hello.crc),
-            fingerprint: Some(hello.fingerprint),
-        };
-        assert_eq!(&maps.read(v).unwrap()[..], b"hello");
-        assert_eq!(&maps.read_copy(v).unwrap()[..], b"hello");
-        let wrong = ValueRef {
-            fingerprint: Some(hello.fingerprint ^ 1),
-            ..v
-        };
-        assert!(matches!(maps.read(wrong), Err(Error::Corruption { .. })));
-        assert!(matches!(
-            maps.read_copy(wrong),
-            Err(Error::Corruption { .. })
-        ));
     }
 }

@@ -10,7 +10,6 @@ use crate::batch::{BatchReport, QuarantineEntry};
 use crate::format::codec;
 use crate::format::segment::FileKind;
 use crate::format::state::{self, KeyValue, StateEnd, StateRecord};
-use crate::format::value_fingerprint;
 use crate::index::Index;
 use crate::index::add_marks::AddMark;
 use crate::index::batches::BatchEntry;
@@ -147,11 +146,9 @@ impl KeyLoader {
                         segment,
                         offset,
                         len,
-                        // The decoder checked the CRC; bases load rarely
-                        // enough that computing it again costs nothing
-                        // worth a field.
+                        // The decoder checked it; bases load rarely enough
+                        // that computing it again costs nothing worth a field.
                         crc: Some(crc32fast::hash(value)),
-                        fingerprint: Some(value_fingerprint(value)),
                     })
                 }
                 KeyValue::Ref {
@@ -159,7 +156,6 @@ impl KeyLoader {
                     offset,
                     len,
                     crc,
-                    fingerprint,
                 } => {
                     if offset < 4 {
                         return Err(fail("value reference before its checksum"));
@@ -172,7 +168,6 @@ impl KeyLoader {
                         offset,
                         len,
                         crc,
-                        fingerprint,
                     })
                 }
                 KeyValue::Tombstone { at_secs } => KeyState::Deleted { at_secs },
@@ -503,7 +498,6 @@ mod tests {
             offset: 40,
             len: 1,
             crc: None,
-            fingerprint: None,
         });
         let load = |kind, body: &[u8]| {
             let record = RecordRef {
@@ -550,7 +544,6 @@ mod tests {
                 offset: 40 + k,
                 len: 10,
                 crc: (k % 2 == 0).then_some(k),
-                fingerprint: (k % 4 == 0).then_some(!k),
             };
             state::encode_key(
                 &mut body,
@@ -641,20 +634,19 @@ mod tests {
         );
         assert_eq!(here_extents, threaded_extents);
         assert_eq!(threaded.keys.get(b"k00000700"), here.keys.get(b"k00000700"));
-        let sums_of = |key: &[u8]| {
+        let crc_of = |key: &[u8]| {
             threaded
                 .keys
                 .get(key)
                 .and_then(|e| e.value())
-                .map(|v| (v.crc, v.fingerprint))
+                .map(|v| v.crc)
         };
         assert_eq!(
-            sums_of(b"k00000700"),
-            Some((Some(700), Some(!700))),
-            "the key table is built, CRCs and fingerprints kept"
+            crc_of(b"k00000700"),
+            Some(Some(700)),
+            "the key table is built, CRCs kept"
         );
-        assert_eq!(sums_of(b"k00000702"), Some((Some(702), None)));
-        assert_eq!(sums_of(b"k00000701"), Some((None, None)));
+        assert_eq!(crc_of(b"k00000701"), Some(None));
         assert_eq!(
             here.seen.iter().collect::<Vec<_>>(),
             threaded.seen.iter().collect::<Vec<_>>()

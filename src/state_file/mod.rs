@@ -207,7 +207,6 @@ pub(crate) fn write(
                             offset: v.offset,
                             len: v.len,
                             crc: v.crc,
-                            fingerprint: v.fingerprint,
                         },
                     )
                 })?;

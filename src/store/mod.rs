@@ -41,7 +41,7 @@ use crate::index::Index;
 use crate::index::expiry::Ttls;
 use crate::index::keys::{KeyEntry, KeyHash};
 use crate::log::names::{LOCK_FILE, segment_file_name};
-use crate::log::segments::{SegmentMaps, ValueRef, ValueSums};
+use crate::log::segments::{SegmentMaps, ValueRef};
 use crate::log::writer::{LogWriter, create_segment, new_segment_len};
 use crate::options::Options;
 use crate::recovery;
@@ -571,8 +571,8 @@ impl StateView for PlanView<'_> {
         self.maps.read(value)
     }
 
-    fn value_equals(&self, value: ValueRef, candidate: &[u8], sums: ValueSums) -> Result<bool> {
-        self.maps.equals(value, candidate, sums)
+    fn value_equals(&self, value: ValueRef, candidate: &[u8], candidate_crc: u32) -> Result<bool> {
+        self.maps.equals(value, candidate, candidate_crc)
     }
 
     fn prefetch_seen(&self, id_hash: u128) {
