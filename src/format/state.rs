@@ -242,10 +242,10 @@ fn decode_key<'a>(d: &mut Decoder<'a>) -> Result<KeyEntryView<'a>, DecodeError> 
 
 /// As `decode_state` of a `KEYS` record, but each entry handed to `each`
 /// as it is decoded, with no vector of them: loading a large snapshot
-/// allocates nothing per record (a megabyte vector per record faulted in
-/// fresh pages for each: the reopen bench's open from the snapshot took
-/// 240 ms with them, 200 without). Entries before a bad one are handed
-/// over before the error is returned.
+/// allocates nothing per record, where a megabyte vector per record can
+/// fault in fresh pages for each (DESIGN.md, "Snapshots"). Entries before
+/// a bad one are handed over before the error is returned, so a record's
+/// first problem in byte order is the one reported.
 pub(crate) fn for_each_key<'a>(
     body: &'a [u8],
     each: impl FnMut(KeyEntryView<'a>) -> Result<(), DecodeError>,

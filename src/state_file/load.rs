@@ -209,10 +209,10 @@ fn load_on_key_thread(
                 });
                 // The loading thread checks these records and reports their
                 // failures. Decoding them again here is cheaper than handing
-                // over the loading thread's decoded entries: those megabyte
-                // vectors would be freed on this thread, and the loading
-                // thread would fault fresh pages for every record (measured:
-                // 115 -> 161 ms for the reopen bench's snapshot).
+                // over decoded entries: megabyte vectors of them freed on
+                // this thread made the loading thread fault fresh pages for
+                // every record (measured: 115 -> 161 ms for the reopen
+                // bench's snapshot).
                 let _ = state::for_each_seen(record.body, |s| {
                     filter.add(s.id);
                     Ok(())
