@@ -126,7 +126,9 @@ pub struct Fault {
     pub error: FaultError,
     /// Once, or from then on.
     pub repeat: Repeat,
-    /// For `Write`: bytes of the buffer written before the error.
+    /// For `Write`: bytes of the buffer written before the error; for
+    /// `SyncData`: bytes of the file's unsynced writes, from the oldest,
+    /// made durable before the error.
     pub written_bytes: usize,
 }
 
