@@ -5,7 +5,7 @@
 //! run for every delivery, so they take one hash probe. The index makes no
 //! allocation per key:
 //!
-//! - The **arena** holds one *record* per key, back to back in chunks of
+//! - The **arena** (`arena.rs`) holds one *record* per key, back to back in chunks of
 //!   256 KiB: the seq, the value location (with its CRC) or tombstone time,
 //!   the key's length and the key's bytes, 26 bytes plus the key, padded to
 //!   4. A record's
@@ -16,7 +16,7 @@
 //!   xxh3 and a random seed per index: 4 bytes and one tag byte per bucket.
 //!   A lookup compares keys only in the records whose tag matches, usually
 //!   one. `prefetch` lets the planner start a later lookup's cache misses.
-//! - Key order is kept in three sorted lists of addresses: the **run** (the
+//! - Key order (`order.rs`) is kept in three sorted lists of addresses: the **run** (the
 //!   oldest records), the **mid** (newer) and the **tail** (the newest, at
 //!   most 512). A new key is inserted into the tail by binary search. A tail
 //!   that outgrows 512 merges into the mid, and a mid that outgrows an
@@ -61,15 +61,20 @@
 //! exactly one of the run, the mid and the tail, each sorted by key; the tail
 //! holds at most 512 records; `live` counts the live records.
 
+mod arena;
+mod order;
+
 use std::fmt;
 use std::hash::BuildHasher;
 
-use super::addr_table::AddrTable;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
+use super::addr_table::AddrTable;
 use super::expiry::{is_expired, secs_to_ms};
 use crate::format::ID_BYTES_MAX;
 use crate::log::segments::ValueRef;
+use arena::{Arena, decode_entry, encode_header, record_key};
+use order::{LEVEL_PREFETCH_AHEAD, Level, key_eq, key_less, merge_into};
 
 /// A key's current version and what it holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,35 +107,6 @@ impl KeyEntry {
             KeyState::Deleted { at_secs } => is_expired(secs_to_ms(at_secs), ttl_ms, now_ms),
         }
     }
-}
-
-// A record, all little-endian:
-//
-// | offset | size | field                                                         |
-// |--------|------|---------------------------------------------------------------|
-// | 0      | 8    | seq                                                           |
-// | 8      | 16   | live: segment, offset, len, CRC; tombstone: second, 0, 0, 0   |
-// | 24     | 2    | key length << 2, plus 2 if the CRC is known, 1 for a tombstone |
-// | 26     | len  | key                                                           |
-//
-// then zero to three bytes of padding to a multiple of `UNIT_BYTES`.
-const SEQ_AT: usize = 0;
-const STATE_AT: usize = SEQ_AT + 8;
-const KEY_WORD_AT: usize = STATE_AT + 16;
-const KEY_AT: usize = KEY_WORD_AT + 2;
-const TOMBSTONE_FLAG: u16 = 1;
-const CRC_FLAG: u16 = 2;
-/// Records start at multiples of this; addresses count these units.
-const UNIT_BYTES: usize = 4;
-const _: () = assert!(ID_BYTES_MAX < 1 << 14, "key length fits beside the flags");
-
-/// The key length a record's key word holds.
-fn key_len(key_word: u16) -> usize {
-    usize::from(key_word >> 2)
-}
-
-fn record_bytes(key_len: usize) -> usize {
-    (KEY_AT + key_len).next_multiple_of(UNIT_BYTES)
 }
 
 /// Sizes that shape the index. Tests shrink them to reach every chunk and
@@ -166,187 +142,6 @@ impl Geometry {
     fn mid_max(&self, run: usize) -> usize {
         (run / RUN_PER_MID).clamp(self.mid_min, MID_MAX.max(self.mid_min))
     }
-}
-
-fn le<const N: usize>(bytes: &[u8], at: usize) -> [u8; N] {
-    bytes
-        .get(at..at + N)
-        .and_then(|b| b.try_into().ok())
-        .expect("a record field lies inside its chunk")
-}
-
-/// The records, back to back in chunks of at most `1 << bits` bytes. An
-/// address is the chunk's number << (`bits` - 2) | the offset in the chunk
-/// in 4-byte units.
-#[derive(Debug)]
-struct Arena {
-    chunks: Vec<Vec<u8>>,
-    bits: u32,
-}
-
-impl Arena {
-    fn new(bits: u32) -> Self {
-        assert!(
-            1usize << bits >= record_bytes(ID_BYTES_MAX),
-            "arena chunks of 2^{bits} bytes cannot hold a key of {ID_BYTES_MAX}"
-        );
-        assert!(bits < 32, "arena chunks of 2^{bits} bytes");
-        Self {
-            chunks: Vec::new(),
-            bits,
-        }
-    }
-
-    fn unit_bits(&self) -> u32 {
-        self.bits - UNIT_BYTES.trailing_zeros()
-    }
-
-    /// The chunk and byte offset of an address.
-    fn locate(&self, address: u32) -> (usize, usize) {
-        let chunk = (address >> self.unit_bits()) as usize;
-        let unit = (address & ((1 << self.unit_bits()) - 1)) as usize;
-        (chunk, unit * UNIT_BYTES)
-    }
-
-    /// The address of a byte offset in a chunk, `None` past the last
-    /// address a `u32` can hold.
-    fn address(&self, chunk: usize, at: usize) -> Option<u32> {
-        let units = u64::try_from(chunk).ok()? << self.unit_bits();
-        u32::try_from(units | (at / UNIT_BYTES) as u64).ok()
-    }
-
-    /// A record's bytes, padding excluded.
-    fn record(&self, address: u32) -> &[u8] {
-        let (chunk, at) = self.locate(address);
-        let chunk = self.chunks.get(chunk).expect("a record's chunk exists");
-        let len = key_len(u16::from_le_bytes(le(chunk, at + KEY_WORD_AT)));
-        chunk
-            .get(at..at + KEY_AT + len)
-            .expect("a record lies inside its chunk")
-    }
-
-    fn key(&self, address: u32) -> &[u8] {
-        record_key(self.record(address))
-    }
-
-    /// Asks the CPU to fetch a record's first line.
-    fn prefetch(&self, address: u32) {
-        let (chunk, at) = self.locate(address);
-        if let Some(byte) = self.chunks.get(chunk).and_then(|c| c.get(at)) {
-            crate::hashing::prefetch(byte);
-        }
-    }
-
-    fn entry(&self, address: u32) -> KeyEntry {
-        decode_entry(self.record(address))
-    }
-
-    /// Overwrites a record's entry; returns whether it was live.
-    fn set_entry(&mut self, address: u32, entry: KeyEntry) -> bool {
-        let (chunk, at) = self.locate(address);
-        let header = self
-            .chunks
-            .get_mut(chunk)
-            .and_then(|c| c.get_mut(at..at + KEY_AT))
-            .expect("a record lies inside its chunk");
-        let key_word = u16::from_le_bytes(le(header, KEY_WORD_AT));
-        let was_live = key_word & TOMBSTONE_FLAG == 0;
-        header.copy_from_slice(&encode_header(entry, key_len(key_word)));
-        was_live
-    }
-
-    /// Appends a record; returns its address. A record that does not fit in
-    /// the last chunk starts a new one; the last chunk doubles up to its
-    /// full size, so that small indexes stay small.
-    fn push(&mut self, header: &[u8; KEY_AT], key: &[u8]) -> u32 {
-        let chunk_bytes = 1usize << self.bits;
-        let len = record_bytes(key.len());
-        if self
-            .chunks
-            .last()
-            .is_none_or(|c| c.len() + len > chunk_bytes)
-        {
-            self.chunks.push(Vec::new());
-        }
-        let number = self.chunks.len() - 1;
-        let chunk_at = self.chunks.last().map_or(0, Vec::len);
-        let address = self.address(number, chunk_at).unwrap_or_else(|| {
-            panic!("key arena full: {number} chunks of {chunk_bytes} bytes fill 2^32 addresses")
-        });
-        let chunk = self.chunks.last_mut().expect("a chunk with room exists");
-        let at = chunk.len();
-        if at + len > chunk.capacity() {
-            let target = (chunk.capacity() * 2)
-                .max(at + len)
-                .max(64)
-                .min(chunk_bytes);
-            chunk.reserve_exact(target - at);
-        }
-        chunk.extend_from_slice(header);
-        chunk.extend_from_slice(key);
-        chunk.resize(at + len, 0);
-        address
-    }
-
-    /// Every record's address, in address order (which is insertion order).
-    fn records(&self) -> impl Iterator<Item = u32> + '_ {
-        let (mut chunk, mut at) = (0, 0);
-        std::iter::from_fn(move || {
-            loop {
-                let c = self.chunks.get(chunk)?;
-                if at < c.len() {
-                    let address = self.address(chunk, at)?;
-                    let len = key_len(u16::from_le_bytes(le(c, at + KEY_WORD_AT)));
-                    at += record_bytes(len);
-                    return Some(address);
-                }
-                (chunk, at) = (chunk + 1, 0);
-            }
-        })
-    }
-
-    fn memory_bytes(&self) -> usize {
-        let bytes: usize = self.chunks.iter().map(Vec::capacity).sum();
-        bytes + self.chunks.capacity() * std::mem::size_of::<Vec<u8>>()
-    }
-}
-
-fn encode_header(entry: KeyEntry, key_len: usize) -> [u8; KEY_AT] {
-    let (state, flags) = match entry.state {
-        KeyState::Live(v) => {
-            let crc_flag = if v.crc.is_some() { CRC_FLAG } else { 0 };
-            let crc = v.crc.unwrap_or(0);
-            ([v.segment, v.offset, v.len, crc], crc_flag)
-        }
-        KeyState::Deleted { at_secs } => ([at_secs, 0, 0, 0], TOMBSTONE_FLAG),
-    };
-    let key_word = u16::try_from(key_len << 2).expect("key length fits in 14 bits") | flags;
-    let mut header = [0; KEY_AT];
-    let (seq, rest) = header.split_at_mut(STATE_AT);
-    seq.copy_from_slice(&entry.seq.to_le_bytes());
-    let (words, key_word_bytes) = rest.split_at_mut(KEY_WORD_AT - STATE_AT);
-    for (slot, w) in words.chunks_exact_mut(4).zip(state) {
-        slot.copy_from_slice(&w.to_le_bytes());
-    }
-    key_word_bytes.copy_from_slice(&key_word.to_le_bytes());
-    header
-}
-
-fn decode_entry(record: &[u8]) -> KeyEntry {
-    let seq = u64::from_le_bytes(le(record, SEQ_AT));
-    let word = |i: usize| u32::from_le_bytes(le(record, STATE_AT + 4 * i));
-    let flags = u16::from_le_bytes(le(record, KEY_WORD_AT));
-    let state = if flags & TOMBSTONE_FLAG != 0 {
-        KeyState::Deleted { at_secs: word(0) }
-    } else {
-        KeyState::Live(ValueRef {
-            segment: word(0),
-            offset: word(1),
-            len: word(2),
-            crc: (flags & CRC_FLAG != 0).then(|| word(3)),
-        })
-    };
-    KeyEntry { seq, state }
 }
 
 /// Records the table rebuild hashes ahead of the one it inserts.
@@ -617,11 +412,10 @@ impl KeyIndex {
         // Rebuild the arena in key order, without the dropped records.
         let kept = self.table.len() - dropped;
         self.table = AddrTable::default();
-        let mut new_arena = Arena::new(arena.bits);
+        let mut new_arena = arena.empty_like();
         let mut run = Vec::with_capacity(kept);
         for record in self.records_with(b"").filter(|&r| !is_dropped(r)) {
-            let (header, key) = record.split_at(KEY_AT);
-            run.push(new_arena.push(&le(header, 0), key));
+            run.push(new_arena.push_copy(record));
         }
         assert_eq!(run.len(), kept, "a rebuilt arena holds every kept record");
         self.arena = new_arena;
@@ -690,25 +484,17 @@ impl KeyIndex {
     #[cfg(test)]
     pub(crate) fn check_invariants(&self) {
         let arena = &self.arena;
-        let chunk_bytes = 1usize << arena.bits;
-        for c in &arena.chunks {
-            assert!(c.capacity() <= chunk_bytes, "chunk capacity");
-            assert_eq!(c.len() % UNIT_BYTES, 0, "chunks end on a record boundary");
-        }
+        arena.check_invariants();
         let mut records = Vec::new();
         let mut live = 0;
         for a in arena.records() {
             assert!(records.last() < Some(&a), "addresses grow");
             records.push(a);
-            let record = arena.record(a);
             let key = arena.key(a);
             assert!(key.len() <= ID_BYTES_MAX, "key length");
             assert_eq!(self.find(key), Some(a), "record {a} found by its key");
-            match arena.entry(a).state {
-                KeyState::Live(_) => live += 1,
-                KeyState::Deleted { .. } => {
-                    assert_eq!(record.get(STATE_AT + 4..KEY_WORD_AT), Some(&[0; 12][..]));
-                }
+            if let KeyState::Live(_) = arena.entry(a).state {
+                live += 1;
             }
         }
         assert_eq!(
@@ -734,184 +520,6 @@ impl KeyIndex {
     }
 }
 
-/// One level's stretch of records whose keys start with a prefix.
-struct Level<'a> {
-    rest: std::slice::Iter<'a, u32>,
-    /// The next record, `None` once past the stretch.
-    head: Option<&'a [u8]>,
-}
-
-/// How far ahead of a walk in key order records are prefetched. The levels
-/// are in key order and the arena in insertion order, so each record is a
-/// cache miss of its own; with 16 in flight the walk stops waiting for each
-/// in turn. Snapshots, digests, scans and compaction walk every key: a
-/// digest of 200,000 keys took 69 ms without, 49 ms with.
-const LEVEL_PREFETCH_AHEAD: usize = 16;
-
-impl<'a> Level<'a> {
-    fn advance(&mut self, arena: &'a Arena, prefix: &[u8]) {
-        if let Some(&a) = self.rest.as_slice().get(LEVEL_PREFETCH_AHEAD) {
-            arena.prefetch(a);
-        }
-        self.head = self
-            .rest
-            .next()
-            .map(|&a| arena.record(a))
-            // Not even an empty comparison for an empty prefix: a
-            // zero-length `memcmp` per key was a quarter of a snapshot's
-            // walk of the keys (56 ms against 41 ms for 200,000 keys).
-            .filter(|r| prefix.is_empty() || record_key(r).starts_with(prefix));
-    }
-}
-
-// Keys are short (most under 16 bytes) and compared on every lookup and
-// merge: `key_less` and `key_eq` decide most pairs with integer compares
-// instead of a call to `memcmp`, which costs more than the compare itself
-// at these lengths. Inserting 400,000 new keys into a buffered store:
-// 345 ms -> 294 ms; W1 buffered about 4% faster (7 of 8 alternating runs).
-
-/// `a < b`, deciding most pairs on their first 8 bytes as one integer.
-fn key_less(a: &[u8], b: &[u8]) -> bool {
-    let (pa, pb) = (head(a), head(b));
-    if pa == pb { a < b } else { pa < pb }
-}
-
-/// `a == b`; up to 16 bytes with two integer compares.
-fn key_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    match (a.last_chunk::<8>(), b.last_chunk::<8>()) {
-        (Some(ta), Some(tb)) if a.len() <= 16 => head(a) == head(b) && ta == tb,
-        (None, None) => head(a) == head(b),
-        _ => a == b,
-    }
-}
-
-/// The first 8 bytes of `key`, zero-padded, big-endian: integers in the
-/// keys' order, except that keys equal over their first 8 bytes (or one a
-/// zero-padded prefix of the other) tie.
-fn head(key: &[u8]) -> u64 {
-    match key.first_chunk::<8>() {
-        Some(first) => u64::from_be_bytes(*first),
-        None => {
-            let mut padded = [0; 8];
-            for (to, &from) in padded.iter_mut().zip(key) {
-                *to = from;
-            }
-            u64::from_be_bytes(padded)
-        }
-    }
-}
-
-fn record_key(record: &[u8]) -> &[u8] {
-    record.get(KEY_AT..).unwrap_or_default()
-}
-
-/// Merges `fresh` (sorted by key, no key in `sorted`) into `sorted`, in
-/// place from the back: `sorted` grows by exactly `fresh.len()` entries,
-/// and no entry is overwritten before it moves.
-#[expect(
-    clippy::indexing_slicing,
-    reason = "p <= i <= w <= sorted.len() throughout, and w > i while a fresh entry is left"
-)]
-fn merge_into(sorted: &mut Vec<u32>, fresh: &[u32], arena: &Arena, exact: bool) {
-    if fresh.is_empty() {
-        return;
-    }
-    let points = if sorted.len() <= fresh.len() * WALK_PER_FRESH {
-        insertion_points_by_walk(sorted, fresh, arena)
-    } else {
-        insertion_points(sorted, fresh, arena)
-    };
-    let old_len = sorted.len();
-    let new_len = old_len + fresh.len();
-    if exact {
-        sorted.reserve_exact(fresh.len());
-    } else {
-        sorted.reserve(fresh.len());
-    }
-    sorted.resize(new_len, 0);
-    // sorted[..i] is the part of the old entries not yet moved, sorted[w..]
-    // the merged end.
-    let (mut i, mut w) = (old_len, new_len);
-    for (&f, &p) in fresh.iter().zip(&points).rev() {
-        let above = i - p;
-        sorted.copy_within(p..i, w - above);
-        (i, w) = (p, w - above - 1);
-        sorted[w] = f;
-    }
-    debug_assert_eq!(i, w, "the unmoved head is in place");
-}
-
-/// A merge finds its places by one walk up `sorted` while `sorted` holds
-/// at most this many entries per fresh one, and by binary searches beyond.
-/// The walk reads every record of `sorted` once, in step and prefetched;
-/// the searches read about `log2(sorted / fresh) + 3` records per fresh one,
-/// each a cache miss of its own. With the walk and a mid of an eighth of
-/// the run, against searches only and a mid of a 128th: W1 buffered 1-7%
-/// faster in 4 alternating pairs, 4-11% in 6 earlier ones.
-const WALK_PER_FRESH: usize = 8;
-
-/// For each of `fresh`'s keys, how many of `sorted`'s keys are below it:
-/// one walk up `sorted`, prefetching ahead.
-fn insertion_points_by_walk(sorted: &[u32], fresh: &[u32], arena: &Arena) -> Vec<usize> {
-    let mut points = Vec::with_capacity(fresh.len());
-    let mut below = 0;
-    for &f in fresh {
-        let key = arena.key(f);
-        while let Some(&a) = sorted.get(below) {
-            if !key_less(arena.key(a), key) {
-                break;
-            }
-            if let Some(&ahead) = sorted.get(below + LEVEL_PREFETCH_AHEAD) {
-                arena.prefetch(ahead);
-            }
-            below += 1;
-        }
-        points.push(below);
-    }
-    points
-}
-
-/// Binary searches run side by side, so that their cache misses overlap.
-const SEARCH_LANES: usize = 8;
-
-/// For each of `fresh`'s keys, how many of `sorted`'s keys are below it.
-/// The searches of `SEARCH_LANES` keys advance in step: each round halves
-/// the same length for all of them, and their probes are independent loads.
-#[expect(
-    clippy::indexing_slicing,
-    reason = "base + half < base + len <= sorted.len(), and lanes index arrays of SEARCH_LANES"
-)]
-fn insertion_points(sorted: &[u32], fresh: &[u32], arena: &Arena) -> Vec<usize> {
-    let mut points = Vec::with_capacity(fresh.len());
-    for batch in fresh.chunks(SEARCH_LANES) {
-        let mut keys: [&[u8]; SEARCH_LANES] = [&[]; SEARCH_LANES];
-        for (k, &f) in keys.iter_mut().zip(batch) {
-            *k = arena.key(f);
-        }
-        let mut base = [0usize; SEARCH_LANES];
-        let mut len = sorted.len();
-        while len > 1 {
-            let half = len / 2;
-            for lane in 0..batch.len() {
-                if key_less(arena.key(sorted[base[lane] + half]), keys[lane]) {
-                    base[lane] += half;
-                }
-            }
-            len -= half;
-        }
-        for lane in 0..batch.len() {
-            if len == 1 && key_less(arena.key(sorted[base[lane]]), keys[lane]) {
-                base[lane] += 1;
-            }
-            points.push(base[lane]);
-        }
-    }
-    points
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -920,6 +528,7 @@ mod tests {
     use proptest::sample::select;
     use xxhash_rust::xxh3::xxh3_64;
 
+    use super::order::{insertion_points, insertion_points_by_walk};
     use super::*;
 
     /// Small chunks and merges, so that a few keys cross every boundary.
