@@ -361,6 +361,70 @@ fn ids_outlive_a_merge_started_in_the_second_they_expire_in() {
     assert_eq!(counter(&store, "c"), 5);
 }
 
+/// How a store leaves expired seen ids out of the state its next open loads.
+#[derive(Debug, Clone, Copy)]
+enum DropIds {
+    /// `compact()` purges them from the base segment.
+    Compaction,
+    /// A merge of the seen index drops them from memory, and a snapshot
+    /// written afterwards leaves them out.
+    MergeThenSnapshot,
+}
+
+/// A delta applied under a short `seen_ttl` whose id was then dropped,
+/// redelivered after an open with a longer `seen_ttl`, or none: the id is
+/// gone, and the new TTL alone would still count it, so the add floor must
+/// cover it whatever the TTL is now.
+#[test]
+fn a_longer_seen_ttl_after_expired_ids_were_dropped_applies_no_delta_twice() {
+    let short = Some(Duration::from_secs(10));
+    for drop_ids in [DropIds::Compaction, DropIds::MergeThenSnapshot] {
+        for next_ttl in [Some(Duration::from_secs(100)), None] {
+            let dir = tempfile::tempdir().unwrap();
+            let clock = ManualClock::new(T0_MS);
+            let store = Store::open(dir.path(), options(&clock).seen_ttl(short)).unwrap();
+            store
+                .apply_batch(&Batch::new("B1").add("a1", "ctr", 1, 5))
+                .unwrap();
+            clock.advance(Duration::from_secs(20));
+            match drop_ids {
+                DropIds::Compaction => {
+                    store
+                        .apply_batch(&Batch::new("B2").put("p", "k", 1, "v"))
+                        .unwrap();
+                    let report = store.compact().unwrap();
+                    assert_eq!(report.seen_ids_dropped, 1, "{report:?}");
+                }
+                DropIds::MergeThenSnapshot => {
+                    // Enough new ids to start a merge, which drops a1.
+                    let mut many = Batch::new("B2");
+                    for i in 0..5000 {
+                        many = many.put(format!("m{i}"), format!("m{i}"), 1, "v");
+                    }
+                    store.apply_batch(&many).unwrap();
+                    store.snapshot().unwrap();
+                }
+            }
+            store.close().unwrap();
+
+            let store = Store::open(dir.path(), options(&clock).seen_ttl(next_ttl)).unwrap();
+            clock.advance(Duration::from_secs(1));
+            let again = store
+                .apply_batch(&Batch::new("B3").add("a1", "ctr", 1, 5))
+                .unwrap();
+            let case = format!("{drop_ids:?}, then seen_ttl {next_ttl:?}: {again:?}");
+            assert_eq!(again.added, 0, "{case}");
+            assert_eq!(counter(&store, "ctr"), 5, "{case}");
+            // A delta with a seq above every one applied is still new.
+            let next = store
+                .apply_batch(&Batch::new("B4").add("a2", "ctr", 2, 1))
+                .unwrap();
+            assert_eq!(next.added, 1, "{case}");
+            assert_eq!(counter(&store, "ctr"), 6, "{case}");
+        }
+    }
+}
+
 /// Applies `B0` (an `Add` of 1 to `ctr`, seq 1), waits `before`, then
 /// `first` and, `while_pending` later, `second`, while `first` still waits
 /// for its commit sync; returns both reports and the counter.

@@ -77,6 +77,9 @@ pub(crate) fn rewrite(
 ) -> Result<Rewritten> {
     let (mut state, replaced) = recovery::state_before(storage, dir, ttls, cut)?;
     let purged = state.purge_expired(now_ms);
+    // The base settles its add marks at its own clock (`state_file::write`),
+    // which must not be earlier than the purge.
+    state.log_time_ms = state.log_time_ms.max(now_ms);
     let base_id = cut
         .checked_sub(1)
         .expect("a cut follows at least one segment");

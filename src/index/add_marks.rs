@@ -41,6 +41,22 @@ impl AddMark {
     }
 }
 
+impl AddMark {
+    /// The mark as a state file taken at `now_ms` records it: a window
+    /// whose start has expired is folded into the floor. Its ids may be
+    /// missing from that state (a merge or a compaction drops expired ids),
+    /// and an open under a longer `seen_ttl`, or none, would count the
+    /// window as open again, with nothing left to tell its redeliveries
+    /// from new deltas. Under the TTL it was settled by, the mark decides
+    /// exactly as before: that window already counted toward the floor.
+    pub(crate) fn settled(self, ttl_ms: Option<u64>, now_ms: u64) -> Self {
+        Self {
+            floor: self.floor_at(ttl_ms, now_ms),
+            ..self
+        }
+    }
+}
+
 /// Marks of every key that has ever received an `Add`.
 #[derive(Debug, Default)]
 pub(crate) struct AddMarks {
@@ -104,8 +120,12 @@ impl AddMarks {
         self.marks.insert(key.into(), mark);
     }
 
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (&[u8], &AddMark)> {
-        self.marks.iter().map(|(k, m)| (&k[..], m))
+    /// Every mark settled at `now_ms` (`AddMark::settled`), as a state file
+    /// records them.
+    pub(crate) fn settled_at(&self, now_ms: u64) -> impl Iterator<Item = (&[u8], AddMark)> {
+        self.marks
+            .iter()
+            .map(move |(k, m)| (&k[..], m.settled(self.ttl_ms, now_ms)))
     }
 
     pub(crate) fn len(&self) -> u64 {
@@ -131,6 +151,33 @@ mod tests {
         assert_eq!(marks.floor(b"k", 1_200), Some(20));
         assert_eq!(marks.floor(b"k", 2_200), Some(30));
         assert_eq!(marks.floor(b"other", 5_000), None);
+    }
+
+    #[test]
+    fn a_settled_mark_decides_as_before_and_keeps_its_floor_under_a_longer_ttl() {
+        let mut marks = AddMarks::new(Some(1_000));
+        marks.record(b"k", 10, 0);
+        marks.record(b"k", 20, 500);
+        let settled = |now_ms| marks.settled_at(now_ms).next().expect("one mark").1;
+        // Before the window's start expires there is nothing to settle.
+        assert_eq!(settled(999), marks.marks[&b"k"[..]]);
+        let mark = settled(1_200);
+        assert_eq!(mark.floor, Some(20));
+        let mut reloaded = AddMarks::new(Some(1_000));
+        reloaded.restore(b"k", mark);
+        for now_ms in [1_200, 1_499, 5_000] {
+            assert_eq!(reloaded.floor(b"k", now_ms), marks.floor(b"k", now_ms));
+        }
+        reloaded.record(b"k", 30, 1_300);
+        marks.record(b"k", 30, 1_300);
+        assert_eq!(reloaded.marks[&b"k"[..]], marks.marks[&b"k"[..]]);
+        // Under a longer TTL, or none, the window whose ids a state taken at
+        // 1,200 may have left out still counts.
+        for ttl_ms in [Some(10_000), None] {
+            let mut longer = AddMarks::new(ttl_ms);
+            longer.restore(b"k", mark);
+            assert_eq!(longer.floor(b"k", 1_300), Some(20), "{ttl_ms:?}");
+        }
     }
 
     #[test]

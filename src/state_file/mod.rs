@@ -277,7 +277,9 @@ pub(crate) fn write(
     end.totals[4] = index.quarantine.len() as u64;
 
     w.section(state::KIND_ADD_MARKS)?;
-    for (key, m) in index.add_marks.iter() {
+    // Settled at the state's time: every seen id this state leaves out had
+    // expired by then (`AddMark::settled`).
+    for (key, m) in index.add_marks.settled_at(index.log_time_ms) {
         let view = AddMarkView {
             key,
             floor: m.floor,
