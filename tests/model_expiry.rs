@@ -1,7 +1,8 @@
 //! Model test with time: random histories of batches, clock advances,
-//! compactions and reopens, with short TTLs. Expiry may change how a late
-//! redelivery is counted, never the state it leads to, and no `Add` ever
-//! applies twice (SPEC section 3, "Expiry never re-applies").
+//! compactions and reopens, with short TTLs that a reopen may lengthen,
+//! shorten or turn off. Expiry may change how a late redelivery is counted,
+//! never the state it leads to, and no `Add` ever applies twice (SPEC
+//! section 3, "Expiry never re-applies").
 //!
 //! The reference is deliberately simple: puts and deletes are gated by
 //! version alone (the tombstone TTL is off), so the live rows are the newest
@@ -34,7 +35,10 @@ enum Step {
         secs: u64,
     },
     Compact,
-    Reopen,
+    /// Reopens with this seen and batch TTL, in seconds (`None`: never).
+    Reopen {
+        ttl_secs: Option<u64>,
+    },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -44,7 +48,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0usize..40).prop_map(|step| Step::Replay { step }),
         3 => (1..2 * TTL_SECS).prop_map(|secs| Step::Advance { secs }),
         1 => Just(Step::Compact),
-        1 => Just(Step::Reopen),
+        1 => prop::option::weighted(0.8, prop::sample::select(vec![TTL_SECS / 2, TTL_SECS, 10 * TTL_SECS]))
+            .prop_map(|ttl_secs| Step::Reopen { ttl_secs }),
     ]
 }
 
@@ -127,14 +132,16 @@ fn rows(store: &Store) -> Vec<(String, u64, String)> {
 fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(1_700_000_000_000);
-    let ttl = Some(Duration::from_secs(TTL_SECS));
-    let options = Options::default()
-        .durability(Durability::Buffered)
-        .clock(Arc::new(clock.clone()))
-        .seen_ttl(ttl)
-        .batch_ttl(ttl)
-        .segment_bytes_max(2048);
-    let mut store = Some(Store::open(dir.path(), options.clone()).unwrap());
+    let options = |ttl_secs: Option<u64>| {
+        let ttl = ttl_secs.map(Duration::from_secs);
+        Options::default()
+            .durability(Durability::Buffered)
+            .clock(Arc::new(clock.clone()))
+            .seen_ttl(ttl)
+            .batch_ttl(ttl)
+            .segment_bytes_max(2048)
+    };
+    let mut store = Some(Store::open(dir.path(), options(Some(TTL_SECS))).unwrap());
     let mut reference = Reference::default();
     let mut applied: Vec<(Vec<u64>, Option<u64>)> = Vec::new();
 
@@ -166,10 +173,10 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                 );
                 continue;
             }
-            Step::Reopen => {
+            Step::Reopen { ttl_secs } => {
                 let before = s.digest().unwrap();
                 store.take().unwrap().close().unwrap();
-                let reopened = Store::open(dir.path(), options.clone()).unwrap();
+                let reopened = Store::open(dir.path(), options(ttl_secs)).unwrap();
                 prop_assert_eq!(
                     reopened.digest().unwrap(),
                     before,
