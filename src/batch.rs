@@ -210,6 +210,15 @@ impl Batch {
         self.deliveries.len()
     }
 
+    /// The hash a committed batch is known by (DESIGN.md, "Hashes"): its
+    /// deliveries and checkpoints, not its id. A batch whose id committed
+    /// with this hash is a replay; with another, a `BatchConflict`.
+    /// `LogEntry::content_hash` is the committed one, so a caller can tell
+    /// whether a batch is the one its id committed without applying it.
+    pub fn content_hash(&self) -> u128 {
+        crate::apply::classify::hash_batch(self).0
+    }
+
     /// Whether the batch has no deliveries.
     pub fn is_empty(&self) -> bool {
         self.deliveries.is_empty()

@@ -1157,3 +1157,30 @@ fn a_value_with_the_stored_ones_length_and_crc_but_other_bytes_is_an_update() {
     let report = commit(&store, &Batch::new("B3").put("e3", "k", 3, &other));
     assert_eq!((report.updated, report.unchanged), (0, 1), "{report:?}");
 }
+
+/// `Batch::content_hash` is what a batch id is committed with, and
+/// `Store::log` lists it: a caller can tell whether a batch is the one its
+/// id committed without applying it. Same content, same hash (a replay);
+/// other deliveries or checkpoints, another hash (a `BatchConflict`); the
+/// id is not part of it.
+#[test]
+fn the_log_lists_the_content_hash_each_batch_id_committed_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), options());
+    let batch = first_delivery("B1");
+    commit(&store, &batch);
+    let logged = store.log();
+    assert_eq!(logged.len(), 1);
+    assert_eq!(logged[0].content_hash, batch.content_hash());
+    assert_eq!(first_delivery("B2").content_hash(), batch.content_hash());
+
+    let other_value = Batch::new("B1")
+        .put("e1", "O1/1", 10, "v1")
+        .checkpoint("cdc", position(8));
+    let other_checkpoint = first_delivery("B1").checkpoint("cdc", position(9));
+    for other in [other_value, other_checkpoint] {
+        assert_ne!(other.content_hash(), logged[0].content_hash);
+        assert_batch_conflict(apply(&store, &other), "B1");
+    }
+    assert!(apply(&store, &batch).unwrap().replayed);
+}

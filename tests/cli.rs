@@ -883,6 +883,99 @@ fn a_final_line_without_newline_waits_and_a_grown_file_continues() {
     assert!(stderr.contains("truncated or replaced"), "{stderr}");
 }
 
+/// Lines of the same shape as `lines_with(&[])` (each the same length),
+/// with other event ids and keys: what a rotated log might hold.
+fn other_lines() -> Vec<String> {
+    lines_with(&[])
+        .iter()
+        .map(|l| {
+            l.replace(r#""event_id":"v"#, r#""event_id":"w"#)
+                .replace(r#""key":"k"#, r#""key":"j"#)
+        })
+        .collect()
+}
+
+#[test]
+fn a_file_replaced_by_one_of_the_same_shape_is_refused_not_skipped() {
+    let dir = tempdir();
+    let file = dir.path().join("in.ndjson");
+    let store = dir.path().join("store");
+    let args = ["--source", "feed", "--batch-size", "4"];
+    write_lines(&file, &lines_with(&[])[..10]);
+    let first = ingest_json(&store, &file, &args);
+    assert_eq!(first["inserted"].as_u64(), Some(10));
+
+    // Its newlines fall where the old file's did, and it is longer than the
+    // checkpoint: only its bytes tell it apart.
+    let other = other_lines();
+    write_lines(&file, &other);
+    let mut resume = vec!["ingest", "--store", s(&store)];
+    resume.extend_from_slice(&args);
+    resume.push(s(&file));
+    let stderr = fails(&resume);
+    assert!(stderr.contains("was replaced"), "{stderr}");
+    assert_eq!(
+        checkpoint(&store, "feed"),
+        Some(offset_after_line(&other, 10))
+    );
+    assert_eq!(scan(&store).len(), 10, "nothing of the new file went in");
+
+    // Under a source of its own, every line of it goes in.
+    let second = ingest_json(&store, &file, &["--source", "feed-2"]);
+    assert_eq!(second["inserted"].as_u64(), Some(30));
+    assert_eq!(scan(&store).len(), 40);
+
+    // The file it really was resumes as before.
+    write_lines(&file, &lines_with(&[]));
+    let third = ingest_json(&store, &file, &args);
+    assert_eq!(third["inserted"].as_u64(), Some(20));
+}
+
+#[test]
+fn a_followed_file_replaced_under_its_name_stops_the_run() {
+    let dir = tempdir();
+    let lines = lines_with(&[]);
+    let file = dir.path().join("in.ndjson");
+    let store = dir.path().join("store");
+    write_lines(&file, &lines[..5]);
+    let child = Command::new(BIN)
+        .args([
+            "ingest",
+            "--store",
+            s(&store),
+            "--source",
+            "tail",
+            "--follow",
+            "--poll-ms",
+            "20",
+            "--idle-exit-ms",
+            "10000",
+            s(&file),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    // The store is the follower's until it exits: give it time to read
+    // the file to its end (it polls every 20 ms).
+    thread::sleep(Duration::from_millis(1500));
+    // A log rotation: the file moves away and a new one takes its name.
+    fs::rename(&file, dir.path().join("in.ndjson.1")).expect("rotate");
+    write_lines(&file, &other_lines());
+    let out = child.wait_with_output().expect("wait");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("replaced or moved while being followed"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(scan(&store).len(), 5, "the followed file's lines went in");
+    assert_eq!(
+        checkpoint(&store, "tail"),
+        Some(offset_after_line(&lines, 5))
+    );
+}
+
 #[test]
 fn follow_reads_a_growing_file_until_idle() {
     let dir = tempdir();

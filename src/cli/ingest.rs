@@ -175,7 +175,6 @@ pub fn ingest(
     let mut run = Run {
         store,
         options,
-        is_seekable: opened.is_seekable,
         summary: IngestSummary {
             source: options.source.clone(),
             start: opened.start,
@@ -183,11 +182,7 @@ pub fn ingest(
             is_resumable: opened.is_seekable,
             ..IngestSummary::default()
         },
-        deliveries: Vec::new(),
-        lines: Vec::new(),
-        batch_start: opened.start,
-        batch_bytes: 0,
-        batch_hasher: Xxh3::new(),
+        batch: BatchLines::new(opened.start, opened.is_seekable),
     };
     let mut reader = opened.reader;
     let mut line = Vec::new();
@@ -230,7 +225,7 @@ pub fn ingest(
             run.add_line(&line, line_no);
             line.clear();
         }
-        if position > run.batch_start {
+        if position > run.batch.start {
             run.commit(position)?;
             progress.set_position(position);
             progress.set_message(format!("{} lines", run.summary.lines));
@@ -254,11 +249,40 @@ pub fn ingest(
                     input_name(input)
                 );
             }
+            if let Input::File(path) = input
+                && !is_same_file(file, path)
+            {
+                bail!(
+                    "{} was replaced or moved while being followed; the checkpoint of source {} covers the file followed until then, up to byte {}: ingest the new file under another --source",
+                    path.display(),
+                    string_literal(&options.source),
+                    run.summary.checkpoint
+                );
+            }
         }
         thread::sleep(follow.poll);
     }
     run.summary.pending_bytes = line.len() as u64;
     Ok(run.summary)
+}
+
+/// Whether `path` still names the file `open` is (a log rotation renames
+/// the file and creates a new one under its name). Where files have no
+/// identity to compare, it says yes.
+fn is_same_file(open: &File, path: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        match (open.metadata(), std::fs::metadata(path)) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (open, path);
+        true
+    }
 }
 
 struct Opened {
@@ -304,6 +328,7 @@ fn open_input(store: &Store, input: &Input, options: &IngestOptions) -> anyhow::
     check_resume_point(&mut file, path, metadata.len(), start, &options.source)?;
     let lines_before = count_newlines(&mut file, start)
         .with_context(|| format!("cannot read {}", path.display()))?;
+    check_last_batch(store, &mut file, path, start, lines_before, options)?;
     file.seek(SeekFrom::Start(start))
         .with_context(|| format!("cannot seek {}", path.display()))?;
     let probe = file
@@ -353,6 +378,57 @@ fn check_resume_point(
     Ok(())
 }
 
+/// The batch that moved `source`'s checkpoint to `start` must be the one
+/// the file's bytes before `start` make: a file replaced by another (log
+/// rotation, a new export under the same name) can pass the length and
+/// newline checks of `check_resume_point`, and resuming it at an offset of
+/// the old file would skip its first lines without a word. The batch is
+/// rebuilt from those bytes and compared by content hash with the one the
+/// log holds under its id; one the registry no longer holds (expired and
+/// compacted away) is not checked.
+fn check_last_batch(
+    store: &Store,
+    file: &mut File,
+    path: &Path,
+    start: u64,
+    lines_before: u64,
+    options: &IngestOptions,
+) -> anyhow::Result<()> {
+    if start == 0 {
+        return Ok(());
+    }
+    let prefix = format!("{}:", options.source);
+    let suffix = format!("-{start}");
+    let last = store.log().into_iter().rev().find_map(|entry| {
+        let id = std::str::from_utf8(&entry.batch_id).ok()?;
+        let batch_start = id.strip_prefix(&prefix)?.strip_suffix(&suffix)?;
+        let batch_start = decode_position(batch_start.as_bytes()).filter(|&at| at < start)?;
+        Some((batch_start, entry))
+    });
+    let Some((batch_start, entry)) = last else {
+        return Ok(());
+    };
+    let mut bytes = Vec::new();
+    file.seek(SeekFrom::Start(batch_start))
+        .and_then(|_| file.take(start - batch_start).read_to_end(&mut bytes))
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let lines_in = bytes.iter().filter(|&&b| b == b'\n').count() as u64;
+    let mut lines = BatchLines::new(batch_start, true);
+    let first_line_no = lines_before.saturating_sub(lines_in) + 1;
+    for (line, line_no) in bytes.split_inclusive(|&b| b == b'\n').zip(first_line_no..) {
+        lines.add(line, line_no, &options.mapping);
+    }
+    let (batch_id, batch) = lines.take_batch(&options.source, start);
+    if batch.content_hash() != entry.content_hash {
+        bail!(
+            "bytes {batch_start}..{start} of {} are not the lines batch {} committed from them: the file was replaced since it was ingested (or the field mapping changed); ingest it under another --source, or with --from-start to redeliver it all",
+            path.display(),
+            string_literal(&batch_id)
+        );
+    }
+    Ok(())
+}
+
 /// Counts the `\n` bytes in the first `len` bytes of `file` (for line numbers after a resume).
 fn count_newlines(file: &mut File, len: u64) -> std::io::Result<u64> {
     file.seek(SeekFrom::Start(0))?;
@@ -388,30 +464,41 @@ struct LineInfo {
     malformed: Option<String>,
 }
 
-/// The batch being filled and the running summary.
-struct Run<'a> {
-    store: &'a Store,
-    options: &'a IngestOptions,
+/// The lines of the batch being filled: its deliveries, and where each came from.
+struct BatchLines {
+    /// Whether the input is a regular file (batch ids are byte ranges) or
+    /// a stream (byte ranges and a hash of the bytes).
     is_seekable: bool,
-    summary: IngestSummary,
     deliveries: Vec<Delivery>,
     lines: Vec<LineInfo>,
-    batch_start: u64,
-    batch_bytes: usize,
-    batch_hasher: Xxh3,
+    /// Where the batch's first line starts.
+    start: u64,
+    bytes: usize,
+    hasher: Xxh3,
 }
 
-impl Run<'_> {
-    fn add_line(&mut self, line: &[u8], line_no: u64) {
-        self.summary.lines += 1;
-        self.batch_bytes += line.len();
+impl BatchLines {
+    fn new(start: u64, is_seekable: bool) -> Self {
+        Self {
+            is_seekable,
+            deliveries: Vec::new(),
+            lines: Vec::new(),
+            start,
+            bytes: 0,
+            hasher: Xxh3::new(),
+        }
+    }
+
+    /// Adds a complete line (a blank one adds no delivery).
+    fn add(&mut self, line: &[u8], line_no: u64, mapping: &FieldMapping) {
+        self.bytes += line.len();
         if !self.is_seekable {
-            self.batch_hasher.update(line);
+            self.hasher.update(line);
         }
         if is_blank(line) {
             return;
         }
-        match parse_line(line, &self.options.mapping) {
+        match parse_line(line, mapping) {
             Ok(delivery) => {
                 self.lines.push(LineInfo {
                     line_no,
@@ -440,25 +527,47 @@ impl Run<'_> {
         }
     }
 
-    fn is_full(&self) -> bool {
-        self.deliveries.len() >= self.options.batch_size
-            || self.batch_bytes >= self.options.batch_bytes_max
-    }
-
-    /// Commits the lines `[batch_start, end)` as one batch that moves the checkpoint to `end`.
-    fn commit(&mut self, end: u64) -> anyhow::Result<()> {
-        let source = &self.options.source;
-        let start = self.batch_start;
+    /// The batch of the lines added, which ends at `end` and moves
+    /// `source`'s checkpoint there, with its id. Its deliveries move into
+    /// it; where they came from stays, to name them in errors.
+    fn take_batch(&mut self, source: &str, end: u64) -> (String, Batch) {
+        let start = self.start;
         let batch_id = if self.is_seekable {
             format!("{source}:{start}-{end}")
         } else {
-            format!("{source}:{start}-{end}:{:016x}", self.batch_hasher.digest())
+            format!("{source}:{start}-{end}:{:016x}", self.hasher.digest())
         };
         let mut batch = Batch::new(&batch_id);
         for delivery in self.deliveries.drain(..) {
             batch.push_delivery(delivery);
         }
         batch.set_checkpoint(source, encode_position(end));
+        (batch_id, batch)
+    }
+}
+
+/// The batch being filled and the running summary.
+struct Run<'a> {
+    store: &'a Store,
+    options: &'a IngestOptions,
+    summary: IngestSummary,
+    batch: BatchLines,
+}
+
+impl Run<'_> {
+    fn add_line(&mut self, line: &[u8], line_no: u64) {
+        self.summary.lines += 1;
+        self.batch.add(line, line_no, &self.options.mapping);
+    }
+
+    fn is_full(&self) -> bool {
+        self.batch.deliveries.len() >= self.options.batch_size
+            || self.batch.bytes >= self.options.batch_bytes_max
+    }
+
+    /// Commits the lines `[batch.start, end)` as one batch that moves the checkpoint to `end`.
+    fn commit(&mut self, end: u64) -> anyhow::Result<()> {
+        let (batch_id, batch) = self.batch.take_batch(&self.options.source, end);
         let report = self
             .store
             .apply_batch(&batch)
@@ -470,23 +579,25 @@ impl Run<'_> {
             self.summary.totals.accumulate(&report);
         }
         self.summary.checkpoint = end;
-        self.lines.clear();
-        self.batch_start = end;
-        self.batch_bytes = 0;
-        self.batch_hasher = Xxh3::new();
+        self.batch = BatchLines::new(end, self.batch.is_seekable);
         Ok(())
     }
 
     /// Turns a refused batch into a message naming the line and event id.
     fn explain(&self, err: Error, batch_id: &str) -> anyhow::Error {
+        // The stored checkpoint, not the batch's start: under --from-start
+        // the two differ.
+        let stays = match committed_offset(self.store, &self.options.source) {
+            Ok(at) => format!("stays at {at}"),
+            Err(_) => "did not move".to_owned(),
+        };
         let not_committed = format!(
-            "nothing of batch {} was committed; checkpoint of source {} stays at {} ({} batches committed before it in this run)",
+            "nothing of batch {} was committed; checkpoint of source {} {stays} ({} batches committed before it in this run)",
             string_literal(batch_id),
             string_literal(&self.options.source),
-            self.batch_start,
             self.summary.batches
         );
-        let line = |index: usize| self.lines.get(index);
+        let line = |index: usize| self.batch.lines.get(index);
         match &err {
             Error::ConflictingEvent {
                 index, event_id, ..

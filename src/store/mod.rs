@@ -403,6 +403,7 @@ impl Store {
             .in_order()
             .map(|e| LogEntry {
                 batch_id: e.batch_id.clone(),
+                content_hash: e.content_hash,
                 report: e.report,
                 committed_ms: e.committed_ms,
             })

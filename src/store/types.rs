@@ -19,6 +19,8 @@ pub struct Record {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogEntry {
     pub batch_id: Bytes,
+    /// The batch's `Batch::content_hash`.
+    pub content_hash: u128,
     pub report: BatchReport,
     /// The clock reading the batch committed under (ms since the Unix epoch).
     pub committed_ms: u64,
