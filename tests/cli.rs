@@ -1131,6 +1131,19 @@ fn exit_codes_name_failures_and_usage_errors() {
     let usage = idemkv(&["ingest", "--batch-size", "0"]);
     assert_eq!(usage.status.code(), Some(2));
     assert_eq!(idemkv(&["frobnicate"]).status.code(), Some(2));
+    // Usage errors only a look past the parser finds are usage errors too.
+    for args in [
+        vec!["ingest", "--store", s(&store), "--source", "", "-"],
+        vec!["ingest", "--store", s(&store), "--follow", "-"],
+    ] {
+        let out = idemkv(&args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
 
     let stderr = fails(&["digest", "--store", s(&store)]);
     assert!(stderr.contains("does not exist"), "{stderr}");

@@ -48,10 +48,27 @@ where
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("idemkv: {}", message(&err));
-            ExitCode::FAILURE
+            if err.is::<UsageError>() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
+
+/// A command line that parses but asks for something that cannot be done
+/// (exit 2, as clap's own usage errors).
+#[derive(Debug)]
+struct UsageError(&'static str);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
 
 /// The error and its causes on one line, skipping a cause its parent already quotes.
 fn message(err: &anyhow::Error) -> String {
@@ -143,13 +160,16 @@ fn ingest_command(args: IngestArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     } else {
         Input::File(args.file.clone())
     };
+    if args.follow && input == Input::Stdin {
+        return Err(UsageError(
+            "--follow reads a growing regular file; stdin is read until it ends anyway",
+        )
+        .into());
+    }
     let source = match args.source {
         Some(source) => source,
         None => input.default_source()?,
     };
-    if source.is_empty() {
-        bail!("--source must not be empty");
-    }
     let options = Options::default()
         .durability(match args.durability {
             DurabilityArg::Sync => Durability::Sync,

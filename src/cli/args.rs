@@ -115,7 +115,7 @@ pub struct IngestArgs {
     #[arg(value_name = "FILE")]
     pub file: PathBuf,
     /// Source name for batch ids and the checkpoint [default: the file's absolute path, or `stdin`].
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", value_parser = clap::builder::NonEmptyStringValueParser::new())]
     pub source: Option<String>,
     /// Events per batch (one commit each).
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
