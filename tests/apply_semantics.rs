@@ -771,6 +771,43 @@ fn value_limit_follows_the_option() {
     assert_eq!(r, report(|r| r.inserted = 1));
 }
 
+/// The limit is an option of each open: an event applied under a higher one
+/// and redelivered under a lower one is a duplicate, not an invalid event
+/// (which would fail every batch that carries it under `Fail`, and list an
+/// applied event in the quarantine under `Quarantine`). A new event over
+/// the limit is still invalid.
+#[test]
+fn a_value_limit_lowered_between_opens_still_counts_redeliveries_as_duplicates() {
+    let long = "x".repeat(2000);
+    for policy in [OnConflict::Fail, OnConflict::Quarantine] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path(), Options::default());
+        commit(&store, &Batch::new("B1").put("e1", "k", 1, &long));
+        store.close().unwrap();
+        let lowered = Options::default().value_bytes_max(1000).on_conflict(policy);
+        let store = open(dir.path(), lowered);
+        let again = Batch::new("B2")
+            .put("e1", "k", 1, &long)
+            .put("e2", "k2", 1, "small")
+            .checkpoint("src", position(2));
+        let r = commit(&store, &again);
+        assert_eq!(
+            r,
+            report(|r| {
+                r.duplicates = 1;
+                r.inserted = 1;
+            }),
+            "{policy:?}"
+        );
+        assert!(store.quarantine().is_empty(), "{policy:?}");
+        let new_long = apply(&store, &Batch::new("B3").put("e3", "k3", 1, &long));
+        match policy {
+            OnConflict::Fail => assert_invalid(new_long, "B3", 0, "e3"),
+            OnConflict::Quarantine => assert_eq!(new_long.unwrap().rejected, 1),
+        }
+    }
+}
+
 #[test]
 fn counter_values_must_be_canonical_decimal() {
     let dir = tempfile::tempdir().unwrap();

@@ -142,8 +142,13 @@ fn static_problem(d: &Delivery) -> bool {
         || d.event_id.len() > ID_BYTES_MAX
         || d.key.is_empty()
         || d.key.len() > KEY_BYTES_MAX
-        || matches!(&d.op, Op::Put(v) if v.len() > VALUE_BYTES_MAX)
         || matches!(d.op, Op::Malformed { .. })
+}
+
+/// A value over the limit: asked only of an event not seen before (an event
+/// applied under a higher limit is still a duplicate).
+fn value_too_long(d: &Delivery) -> bool {
+    matches!(&d.op, Op::Put(v) if v.len() > VALUE_BYTES_MAX)
 }
 
 impl Model {
@@ -221,6 +226,9 @@ impl Model {
                 return None;
             }
             return Some(Refusal::Conflict);
+        }
+        if value_too_long(d) {
+            return Some(Refusal::Invalid);
         }
         let version = self.versions.get(&d.key).copied();
         match &d.op {

@@ -201,8 +201,13 @@ fn static_problem(d: &Delivery) -> bool {
         || d.event_id.len() > ID_BYTES_MAX
         || d.key.is_empty()
         || d.key.len() > ID_BYTES_MAX
-        || matches!(&d.op, Op::Put(v) if v.len() > VALUE_BYTES_MAX)
         || matches!(d.op, Op::Malformed { .. })
+}
+
+/// A value over the limit: asked only of an event not seen before (an event
+/// applied under a higher limit is still a duplicate).
+fn value_too_long(d: &Delivery) -> bool {
+    matches!(&d.op, Op::Put(v) if v.len() > VALUE_BYTES_MAX)
 }
 
 fn batch_is_invalid(batch: &Batch) -> bool {
@@ -287,6 +292,9 @@ impl Model {
                 return None;
             }
             return Some(Refusal::Conflict);
+        }
+        if value_too_long(d) {
+            return Some(Refusal::Invalid);
         }
         let version = self.versions.get(&d.key).copied();
         match &d.op {

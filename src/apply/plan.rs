@@ -6,9 +6,10 @@
 //!
 //! | step | check                                            | outcome               |
 //! |------|--------------------------------------------------|-----------------------|
-//! | 1    | static problem (empty/oversized id, key, value)  | invalid               |
+//! | 1    | static problem (malformed, empty/oversized id or key) | invalid          |
 //! | 2    | event id seen, same payload                      | duplicate             |
 //! | 3    | event id seen, other payload                     | conflict              |
+//! | 3b   | `Put` value over `value_bytes_max`               | invalid               |
 //! | 4    | `Add` with seq <= the key's add floor            | rejected `too_late`   |
 //! | 5    | `Add` on a live non-counter value, or overflow   | invalid               |
 //! | 6    | `Add`                                            | added                 |
@@ -28,7 +29,7 @@ use std::hash::{Hash, Hasher};
 use bytes::Bytes;
 
 use super::StateView;
-use super::classify::{DeliveryHash, static_problem};
+use super::classify::{DeliveryHash, static_problem, value_problem};
 use crate::batch::{Batch, BatchReport, Op};
 use crate::error::{Error, Result, display_id};
 use crate::format::record::{CounterText, ValueSource, WriteSource, parse_counter};
@@ -353,7 +354,7 @@ pub(crate) fn plan<'b, V: StateView>(
         if let Some(&ahead) = key_hashes.get(index + PREFETCH_AHEAD / 2) {
             view.prefetch_key_entry(ahead);
         }
-        let outcome = if let Some(problem) = static_problem(d, options.value_bytes_max) {
+        let outcome = if let Some(problem) = static_problem(d) {
             Err(Refusal::Invalid(problem))
         } else {
             match p.seen_here.get(&h.id).copied().or_else(|| view.seen(h.id)) {
@@ -362,13 +363,16 @@ pub(crate) fn plan<'b, V: StateView>(
                     continue;
                 }
                 Some(_) => Err(Refusal::Conflict),
-                None => {
-                    let key = HashedKey {
-                        key: &d.key,
-                        hash: key_hash,
-                    };
-                    p.apply(key, d.seq, &d.op)?
-                }
+                None => match value_problem(d, options.value_bytes_max) {
+                    Some(problem) => Err(Refusal::Invalid(problem.into())),
+                    None => {
+                        let key = HashedKey {
+                            key: &d.key,
+                            hash: key_hash,
+                        };
+                        p.apply(key, d.seq, &d.op)?
+                    }
+                },
             }
         };
         match outcome {
