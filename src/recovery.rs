@@ -598,16 +598,17 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, ttls: Ttls) -> Result<R
                 .file
                 .append(&encode_segment_header(segment.id, FileKind::Log))
                 .map_err(|e| Error::io("write", &path, e))?;
+            segment.file.sync_data().map_err(|e| {
+                note_sync_failure(storage, dir);
+                Error::io("sync", &path, e)
+            })?;
         } else {
-            segment
-                .file
-                .set_len(problem.offset)
-                .map_err(|e| Error::io("truncate", &path, e))?;
+            // Replaced by a copy of its valid records, not truncated: a
+            // value an earlier open in this process handed out may lie in
+            // the cut bytes (a final record damaged since), and a map of a
+            // shortened file faults when it is read there.
+            segment.file = rewrite_segment(storage, dir, segment.id, problem.offset)?;
         }
-        segment.file.sync_data().map_err(|e| {
-            note_sync_failure(storage, dir);
-            Error::io("sync", &path, e)
-        })?;
         segment.valid_len = problem.offset.max(SEGMENT_HEADER_LEN as u64);
         segment.kind = Some(FileKind::Log);
     } else if let Some(newest) = walk
@@ -780,6 +781,8 @@ pub(crate) const LOST_FOUND_DIR: &str = "lost+found";
 /// dropped bytes, and the snapshot (which may cover them), are moved into
 /// `lost+found/`, not deleted.
 pub(crate) fn repair(storage: &dyn Storage, dir: &Path, now_ms: u64) -> Result<RepairReport> {
+    // An interrupted repair may have left its copy of the segment it cuts.
+    remove_leftovers(storage, dir)?;
     let (opened, _) = open_segments(storage, dir, true)?;
     let kinds: Vec<(u32, Result<FileKind, &'static str>)> =
         opened.iter().map(|o| (o.id, o.kind)).collect();
@@ -886,13 +889,11 @@ pub(crate) fn repair(storage: &dyn Storage, dir: &Path, now_ms: u64) -> Result<R
             .sync_dir(&lost)
             .map_err(|e| Error::io("sync directory", &lost, e))?;
         report.bytes_dropped += tail.len() as u64;
-        // The walk opened segments before the newest read-only.
-        let file = storage
-            .open(&path, OpenMode::Append)
-            .map_err(|e| Error::io("open", &path, e))?;
-        file.set_len(problem.record_at)
-            .map_err(|e| Error::io("truncate", &path, e))?;
-        file.sync_data().map_err(|e| Error::io("sync", &path, e))?;
+        drop(map);
+        // A copy of the kept records replaces the segment, as at open: the
+        // values an open of this store handed out before may lie in the
+        // dropped records, and they stay readable in the old file.
+        rewrite_segment(storage, dir, s.id, problem.record_at)?;
     }
     storage
         .sync_dir(&lost)

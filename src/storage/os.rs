@@ -185,11 +185,12 @@ impl StorageFile for OsFile {
         // SAFETY: the map may extend past the end of the file (`reserve`);
         // pages past the end are never touched, because callers only read
         // ranges they wrote, and a mapped file is only ever truncated past
-        // what was written to it (a segment's unused preallocated tail;
-        // recovery's truncation of a torn tail happens before any map of
-        // the truncated region is handed out). The file is private to the
-        // store, which holds the directory lock, so no other process
-        // shrinks it.
+        // what was written to it (a segment's unused preallocated tail).
+        // Recovery and repair, which cut records, replace the segment by a
+        // copy of what they keep instead (`recovery::rewrite_segment`), so
+        // a map of the old file, which values handed out earlier may hold,
+        // keeps every page it had. The file is private to the store, which
+        // holds the directory lock, so no other process shrinks it.
         #[expect(unsafe_code, reason = "memory-mapping a file has no safe wrapper")]
         let map = unsafe { memmap2::MmapOptions::new().len(len).map(&self.file)? };
         let map = FileMap {
