@@ -865,3 +865,22 @@ fn values_kept_across_a_close_outlive_the_records_a_repair_or_an_open_cuts() {
         "the child ran"
     );
 }
+
+/// Verify and repair check a store; a path that names none is an error,
+/// and they leave nothing behind (an empty directory would check out as an
+/// empty store, and hide a typo).
+#[test]
+fn verify_and_repair_of_a_missing_directory_fail_and_create_nothing() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let missing = root.path().join("no-such-store");
+    let options = buffered(Options::default());
+    match Store::verify_dir(&missing, &options) {
+        Err(Error::Io { .. }) => {}
+        other => panic!("verify_dir of a missing directory: {other:?}"),
+    }
+    match Store::repair(&missing, options) {
+        Err(Error::Io { .. }) => {}
+        other => panic!("repair of a missing directory: {other:?}"),
+    }
+    assert!(!missing.exists(), "nothing was created");
+}

@@ -134,7 +134,8 @@ struct OpenReport {
 /// after it.
 const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(250);
 
-fn lock_dir(storage: &dyn Storage, dir: &Path) -> Result<Box<dyn Any + Send + Sync>> {
+/// Creates the store directory `dir` if it is missing (durably), then locks it.
+fn create_and_lock_dir(storage: &dyn Storage, dir: &Path) -> Result<Box<dyn Any + Send + Sync>> {
     // A directory made here is durable once its parent is synced (POSIX
     // promises no more; a journaling file system happens to do it), or the
     // log written into it could vanish with it in a power loss.
@@ -159,6 +160,21 @@ fn lock_dir(storage: &dyn Storage, dir: &Path) -> Result<Box<dyn Any + Send + Sy
             .sync_dir(parent)
             .map_err(|e| Error::io("sync directory", parent, e))?;
     }
+    lock_dir(storage, dir)
+}
+
+/// Locks the existing store directory `dir`: verify and repair of a path
+/// that names no directory fail, where creating one would answer for a
+/// typo with an empty store that checks out.
+fn lock_existing_dir(storage: &dyn Storage, dir: &Path) -> Result<Box<dyn Any + Send + Sync>> {
+    storage
+        .list_dir(dir)
+        .map_err(|e| Error::io("open store directory", dir, e))?;
+    lock_dir(storage, dir)
+}
+
+/// Takes the lock of the directory `dir`, which exists.
+fn lock_dir(storage: &dyn Storage, dir: &Path) -> Result<Box<dyn Any + Send + Sync>> {
     let path = dir.join(LOCK_FILE);
     let started = std::time::Instant::now();
     let mut pause = std::time::Duration::from_millis(1);
@@ -198,7 +214,7 @@ impl Store {
         let options = options.within_limits();
         let dir = dir.as_ref().to_owned();
         let storage = Arc::clone(&options.storage);
-        let lock = lock_dir(storage.as_ref(), &dir)?;
+        let lock = create_and_lock_dir(storage.as_ref(), &dir)?;
         let ttls = Ttls::new(options.seen_ttl, options.batch_ttl, options.tombstone_ttl);
         let recovered = recovery::recover(storage.as_ref(), &dir, ttls)?;
         let mut walk = recovered.walk;
@@ -482,10 +498,11 @@ impl Store {
     /// it (and without discarding a torn tail, which is reported).
     ///
     /// # Errors
-    /// `Locked` if the store is open; `Corruption` at the first bad byte.
+    /// `Locked` if the store is open; `Io` if `dir` is not a directory;
+    /// `Corruption` at the first bad byte.
     pub fn verify_dir(dir: impl AsRef<Path>, options: &Options) -> Result<VerifyReport> {
         let dir = dir.as_ref();
-        let _lock = lock_dir(options.storage.as_ref(), dir)?;
+        let _lock = lock_existing_dir(options.storage.as_ref(), dir)?;
         verify_report(recovery::verify(options.storage.as_ref(), dir)?)
     }
 
@@ -493,10 +510,11 @@ impl Store {
     /// first bad record and moves everything after into `lost+found/`.
     ///
     /// # Errors
-    /// `Locked` if the store is open; `Io` if the cut cannot be made.
+    /// `Locked` if the store is open; `Io` if `dir` is not a directory or
+    /// the cut cannot be made.
     pub fn repair(dir: impl AsRef<Path>, options: Options) -> Result<RepairReport> {
         let dir = dir.as_ref();
-        let _lock = lock_dir(options.storage.as_ref(), dir)?;
+        let _lock = lock_existing_dir(options.storage.as_ref(), dir)?;
         recovery::repair(options.storage.as_ref(), dir, options.clock.now_ms())
     }
 }
