@@ -160,6 +160,12 @@ fn ingest_command(args: IngestArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     } else {
         Input::File(args.file.clone())
     };
+    if args.mapping.key_field.len() > 1 && args.mapping.key_separator.is_empty() {
+        return Err(UsageError(
+            "--key-separator must not be empty when several --key-field are joined",
+        )
+        .into());
+    }
     if args.follow && input == Input::Stdin {
         return Err(UsageError(
             "--follow reads a growing regular file; stdin is read until it ends anyway",

@@ -180,7 +180,12 @@ pub struct MappingArgs {
     /// Derive event ids from an xxh3-128 hash of the line's canonical JSON.
     #[arg(long, conflicts_with = "id_field")]
     pub id_from_content: bool,
-    /// With --id-from-content: a top-level field left out of the hash (repeatable).
-    #[arg(long, requires = "id_from_content", value_name = "FIELD")]
+    /// With --id-from-content: top-level fields left out of the hash (comma-separated or repeated).
+    #[arg(
+        long,
+        requires = "id_from_content",
+        value_delimiter = ',',
+        value_name = "FIELD"
+    )]
     pub ignore_field: Vec<String>,
 }

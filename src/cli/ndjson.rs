@@ -6,7 +6,7 @@
 //! | field (default name) | accepted                                                   |
 //! |----------------------|------------------------------------------------------------|
 //! | `event_id`           | a non-empty string, or an integer (its decimal text)       |
-//! | `key` (one or more)  | strings or numbers, joined by the key separator (`/`)      |
+//! | `key` (one or more)  | strings or numbers, joined by the key separator (`/`), which no part of a composite key may hold |
 //! | `seq`                | a non-negative integer (u64), or a string of decimal digits |
 //! | `op`                 | `"put"`, `"delete"` or `"add"`                              |
 //! | `value` (put)        | any JSON, stored as canonical JSON (see `canonical`)        |
@@ -131,6 +131,17 @@ pub fn parse_line(line: &[u8], mapping: &FieldMapping) -> Result<Delivery, LineE
     let Value::Object(object) = value else {
         return Err(LineError::new(None, "not a JSON object"));
     };
+    // serde_json keeps the last of a repeated name; another reader may keep
+    // the first, and see another event in the same line.
+    if let Some(name) = repeated_name(line) {
+        return Err(LineError::new(
+            None,
+            format!(
+                "the name {} appears twice in one object",
+                canonical::string_literal(&clip(&name, 100))
+            ),
+        ));
+    }
 
     let event_id = if mapping.id_from_content {
         content_id(&object, &mapping.ignore_fields)
@@ -221,6 +232,59 @@ pub fn parse_line(line: &[u8], mapping: &FieldMapping) -> Result<Delivery, LineE
     })
 }
 
+/// The first name that appears twice in one object of `json`, which is
+/// valid JSON; names are compared unescaped (`"a"` and `"\u0061"` are one).
+fn repeated_name(json: &[u8]) -> Option<String> {
+    // The names seen in each object open around the current byte; `None`
+    // for an array. A name without escapes is compared as it is written.
+    let mut open: Vec<Option<std::collections::HashSet<Cow<'_, [u8]>>>> = Vec::new();
+    let mut at = 0;
+    while let Some(&byte) = json.get(at) {
+        match byte {
+            b'{' => open.push(Some(std::collections::HashSet::new())),
+            b'[' => open.push(None),
+            b'}' | b']' => {
+                open.pop();
+            }
+            b'"' => {
+                let end = string_end(json, at)?;
+                let is_name = json
+                    .get(end + 1..)
+                    .and_then(|rest| rest.iter().find(|b| !b.is_ascii_whitespace()))
+                    == Some(&b':');
+                if is_name && let Some(Some(names)) = open.last_mut() {
+                    let raw = json.get(at + 1..end)?;
+                    let name = if raw.contains(&b'\\') {
+                        let text: String = serde_json::from_slice(json.get(at..=end)?).ok()?;
+                        Cow::Owned(text.into_bytes())
+                    } else {
+                        Cow::Borrowed(raw)
+                    };
+                    if let Some(name) = names.replace(name) {
+                        return Some(String::from_utf8_lossy(&name).into_owned());
+                    }
+                }
+                at = end;
+            }
+            _ => {}
+        }
+        at += 1;
+    }
+    None
+}
+
+/// Where the string whose opening quote is at `start` closes.
+fn string_end(json: &[u8], start: usize) -> Option<usize> {
+    let mut at = start + 1;
+    loop {
+        match json.get(at)? {
+            b'\\' => at += 2,
+            b'"' => return Some(at),
+            _ => at += 1,
+        }
+    }
+}
+
 /// The content-derived event id: xxh3-128 of the canonical object minus `ignore`.
 fn content_id(object: &Map<String, Value>, ignore: &[String]) -> String {
     let kept: Map<String, Value> = object
@@ -250,6 +314,18 @@ fn key_of(
         })?;
         if i > 0 {
             key.push_str(&mapping.key_separator);
+        }
+        // Joined, a part holding the separator could not be told apart:
+        // ("a/b", "c") and ("a", "b/c") would be one key.
+        if mapping.key_fields.len() > 1 && part.contains(&mapping.key_separator) {
+            return Err(LineError::new(
+                id,
+                format!(
+                    "field {} holds the key separator {}, which would make the joined key ambiguous",
+                    quoted(field),
+                    canonical::string_literal(&mapping.key_separator)
+                ),
+            ));
         }
         key.push_str(&part);
     }
@@ -339,6 +415,36 @@ mod tests {
     }
 
     #[test]
+    fn a_name_repeated_in_one_object_is_refused_anywhere_in_the_line() {
+        for (line, name) in [
+            (
+                r#"{"event_id":"a","key":"k","seq":1,"seq":9,"op":"delete"}"#,
+                "seq",
+            ),
+            (
+                r#"{"event_id":"a","key":"k","seq":1,"op":"put","value":{"x":1,"x":2}}"#,
+                "x",
+            ),
+            (
+                r#"{"event_id":"a","key":"k","seq":1,"op":"put","value":[{"y":1},{"y":1,"\u0079":2}]}"#,
+                "y",
+            ),
+        ] {
+            let err = parse(line).expect_err("a repeated name");
+            assert!(
+                err.to_string().contains(&format!("{name:?} appears twice")),
+                "{err}"
+            );
+        }
+        // One name in several objects, and names inside strings, are fine.
+        let d = parse(
+            r#"{"event_id":"a","key":"k","seq":1,"op":"put","value":{"seq":{"seq":[{"seq":"\"seq\":{"}]},"s":"}{:"}}"#,
+        )
+        .expect("valid");
+        assert_eq!(d.seq, 1);
+    }
+
+    #[test]
     fn composite_keys_are_joined() {
         let mapping = FieldMapping {
             key_fields: vec!["order_id".to_owned(), "line_no".to_owned()],
@@ -353,6 +459,18 @@ mod tests {
         assert_eq!(&d.key[..], b"O1001/1");
         assert_eq!(&d.event_id[..], b"7");
         assert_eq!(d.seq, 42);
+        // Parts that hold the separator would make ("a/b", "c") and
+        // ("a", "b/c") one key: such a line is not valid input.
+        for line in [
+            br#"{"event_id":1,"order_id":"a/b","line_no":"c","lsn":1,"op":"delete"}"#.as_slice(),
+            br#"{"event_id":2,"order_id":"a","line_no":"b/c","lsn":1,"op":"delete"}"#,
+        ] {
+            let err = parse_line(line, &mapping).expect_err("ambiguous");
+            assert!(err.to_string().contains("key separator"), "{err}");
+        }
+        // A single key field may hold it: nothing is joined.
+        let d = parse(r#"{"event_id":"e","key":"a/b","seq":1,"op":"delete"}"#).expect("valid");
+        assert_eq!(&d.key[..], b"a/b");
     }
 
     #[test]
