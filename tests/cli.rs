@@ -931,6 +931,36 @@ fn a_file_replaced_by_one_of_the_same_shape_is_refused_not_skipped() {
     assert_eq!(third["inserted"].as_u64(), Some(20));
 }
 
+/// A line longer than a batch may be is invalid input, read without being
+/// held whole: `--on-invalid` decides, and the lines around it go in. A
+/// resume rebuilds the batch that held it as it was committed.
+#[test]
+fn a_line_longer_than_a_batch_is_invalid_input() {
+    let dir = tempdir();
+    let file = dir.path().join("in.ndjson");
+    let store = dir.path().join("store");
+    let mut lines = lines_with(&[]);
+    lines[1] = format!(
+        r#"{{"event_id":"v2","key":"k2","seq":2,"op":"put","value":"{}"}}"#,
+        "x".repeat(5 << 20)
+    );
+    write_lines(&file, &lines[..2]);
+    let stderr = fails(&["ingest", "--store", s(&store), s(&file)]);
+    assert!(stderr.contains("line 2: line of 5242"), "{stderr}");
+    assert!(stderr.contains("longer than 4194304"), "{stderr}");
+
+    let args = ["--on-invalid", "quarantine", "--batch-size", "1"];
+    let first = ingest_json(&store, &file, &args);
+    assert_eq!(
+        (first["inserted"].as_u64(), first["rejected"].as_u64()),
+        (Some(1), Some(1))
+    );
+    write_lines(&file, &lines);
+    let rest = ingest_json(&store, &file, &args);
+    assert_eq!(rest["inserted"].as_u64(), Some(28), "{rest}");
+    assert_eq!(scan(&store).len(), 29);
+}
+
 #[test]
 fn a_followed_file_replaced_under_its_name_stops_the_run() {
     let dir = tempdir();

@@ -31,12 +31,17 @@ use indicatif::ProgressBar;
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::cli::canonical::string_literal;
-use crate::cli::ndjson::{FieldMapping, clip, is_blank, parse_line};
+use crate::cli::ndjson::{FieldMapping, LineError, clip, is_blank, parse_line};
 use crate::{Batch, BatchReport, Delivery, Error, Op, Store};
 
 /// A batch is cut once its lines reach this many bytes, whatever `--batch-size` says,
 /// so that one commit record stays a few MiB at most.
 pub const BATCH_BYTES_MAX: usize = 4 << 20;
+
+/// The longest line kept in memory, as long as a whole batch. A longer one
+/// is invalid input; its bytes are counted as they are read, not kept, so
+/// that a file without newlines takes no more memory than this.
+pub const LINE_BYTES_MAX: usize = BATCH_BYTES_MAX;
 
 /// Longest parse-error reason stored for a quarantined line, in characters.
 const REASON_CHARS_MAX: usize = 500;
@@ -185,7 +190,7 @@ pub fn ingest(
         batch: BatchLines::new(opened.start, opened.is_seekable),
     };
     let mut reader = opened.reader;
-    let mut line = Vec::new();
+    let mut line = Line::default();
     let mut position = opened.start;
     let mut line_no = opened.lines_before;
     let mut last_data = Instant::now();
@@ -196,14 +201,14 @@ pub fn ingest(
         {
             break;
         }
-        let read = reader
-            .read_until(b'\n', &mut line)
+        let read = line
+            .read_from(&mut reader)
             .with_context(|| format!("cannot read {}", input_name(input)))?;
-        if line.last() == Some(&b'\n') {
+        if line.is_complete {
             line_no += 1;
-            position += line.len() as u64;
+            position += line.len;
             run.add_line(&line, line_no);
-            line.clear();
+            line = Line::default();
             last_data = Instant::now();
             if run.is_full() {
                 run.commit(position)?;
@@ -216,14 +221,14 @@ pub fn ingest(
         if read > 0 {
             last_data = Instant::now();
         }
-        if !opened.is_seekable && !line.is_empty() {
+        if !opened.is_seekable && line.len > 0 {
             // A stream returns a line without its newline only where it
             // ended, and cannot be read again from an offset: its last
             // line is complete without the newline (JSON Lines allows it).
             line_no += 1;
-            position += line.len() as u64;
+            position += line.len;
             run.add_line(&line, line_no);
-            line.clear();
+            line = Line::default();
         }
         if position > run.batch.start {
             run.commit(position)?;
@@ -242,7 +247,7 @@ pub fn ingest(
                 .metadata()
                 .with_context(|| format!("cannot stat {}", input_name(input)))?
                 .len();
-            let read_to = position + line.len() as u64;
+            let read_to = position + line.len;
             if len < read_to {
                 bail!(
                     "{} shrank to {len} bytes while being followed (read up to byte {read_to}); it was truncated or replaced",
@@ -262,7 +267,7 @@ pub fn ingest(
         }
         thread::sleep(follow.poll);
     }
-    run.summary.pending_bytes = line.len() as u64;
+    run.summary.pending_bytes = line.len;
     Ok(run.summary)
 }
 
@@ -408,14 +413,22 @@ fn check_last_batch(
     let Some((batch_start, entry)) = last else {
         return Ok(());
     };
-    let mut bytes = Vec::new();
+    let cannot_read = || format!("cannot read {}", path.display());
     file.seek(SeekFrom::Start(batch_start))
-        .and_then(|_| file.take(start - batch_start).read_to_end(&mut bytes))
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    let lines_in = bytes.iter().filter(|&&b| b == b'\n').count() as u64;
+        .with_context(cannot_read)?;
+    let mut range = BufReader::new(file.take(start - batch_start));
+    let mut ranged = Vec::new();
+    loop {
+        let mut line = Line::default();
+        line.read_from(&mut range).with_context(cannot_read)?;
+        if line.len == 0 {
+            break;
+        }
+        ranged.push(line);
+    }
     let mut lines = BatchLines::new(batch_start, true);
-    let first_line_no = lines_before.saturating_sub(lines_in) + 1;
-    for (line, line_no) in bytes.split_inclusive(|&b| b == b'\n').zip(first_line_no..) {
+    let first_line_no = lines_before.saturating_sub(ranged.len() as u64) + 1;
+    for (line, line_no) in ranged.iter().zip(first_line_no..) {
         lines.add(line, line_no, &options.mapping);
     }
     let (batch_id, batch) = lines.take_batch(&options.source, start);
@@ -456,6 +469,50 @@ fn input_name(input: &Input) -> String {
     }
 }
 
+/// A line as it is read: its bytes, up to `LINE_BYTES_MAX`, and its length.
+#[derive(Debug, Default)]
+struct Line {
+    bytes: Vec<u8>,
+    len: u64,
+    /// Whether its newline was read.
+    is_complete: bool,
+}
+
+impl Line {
+    /// Reads on until the line's newline or the end of the input for now;
+    /// returns how many bytes were read. Bytes past `LINE_BYTES_MAX` are
+    /// counted, not kept.
+    fn read_from(&mut self, reader: &mut dyn BufRead) -> std::io::Result<usize> {
+        let mut read = 0;
+        while !self.is_complete {
+            let available = match reader.fill_buf() {
+                Ok(available) => available,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            if available.is_empty() {
+                break;
+            }
+            let (take, is_complete) = match available.iter().position(|&b| b == b'\n') {
+                Some(newline) => (newline + 1, true),
+                None => (available.len(), false),
+            };
+            let room = LINE_BYTES_MAX.saturating_sub(self.bytes.len());
+            self.bytes
+                .extend_from_slice(available.get(..take.min(room)).unwrap_or_default());
+            self.len += take as u64;
+            self.is_complete = is_complete;
+            reader.consume(take);
+            read += take;
+        }
+        Ok(read)
+    }
+
+    fn is_too_long(&self) -> bool {
+        self.len > self.bytes.len() as u64
+    }
+}
+
 /// One delivery's origin, to name it in errors.
 struct LineInfo {
     line_no: u64,
@@ -490,15 +547,23 @@ impl BatchLines {
     }
 
     /// Adds a complete line (a blank one adds no delivery).
-    fn add(&mut self, line: &[u8], line_no: u64, mapping: &FieldMapping) {
-        self.bytes += line.len();
+    fn add(&mut self, line: &Line, line_no: u64, mapping: &FieldMapping) {
+        self.bytes += line.bytes.len();
         if !self.is_seekable {
-            self.hasher.update(line);
+            self.hasher.update(&line.bytes);
         }
-        if is_blank(line) {
+        if is_blank(&line.bytes) {
             return;
         }
-        match parse_line(line, mapping) {
+        let parsed = if line.is_too_long() {
+            Err(LineError {
+                event_id: None,
+                reason: format!("line of {} bytes, longer than {LINE_BYTES_MAX}", line.len),
+            })
+        } else {
+            parse_line(&line.bytes, mapping)
+        };
+        match parsed {
             Ok(delivery) => {
                 self.lines.push(LineInfo {
                     line_no,
@@ -555,7 +620,7 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
-    fn add_line(&mut self, line: &[u8], line_no: u64) {
+    fn add_line(&mut self, line: &Line, line_no: u64) {
         self.summary.lines += 1;
         self.batch.add(line, line_no, &self.options.mapping);
     }
