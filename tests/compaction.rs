@@ -120,6 +120,30 @@ fn compaction_keeps_the_state_and_shrinks_the_disk() {
     assert_eq!(observe(&store).rows, before.rows);
 }
 
+/// The bytes a compaction reports are the store's files as a close leaves
+/// them: not the space the newest segment holds ahead of its records.
+#[test]
+fn a_compaction_reports_the_bytes_a_close_leaves() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0_MS);
+    let store = Store::open(dir.path(), options(&clock)).unwrap();
+    for i in 0..3 {
+        store.apply_batch(&batch(i)).unwrap();
+    }
+    let report = store.compact().unwrap();
+    store.close().unwrap();
+    let on_disk: u64 = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.ends_with(".seg") || name == "SNAPSHOT"
+        })
+        .map(|e| e.metadata().unwrap().len())
+        .sum();
+    assert_eq!(report.bytes_after, on_disk, "{report:?}");
+}
+
 #[test]
 fn compaction_drops_what_expired_and_nothing_else() {
     let dir = tempfile::tempdir().unwrap();

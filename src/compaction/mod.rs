@@ -42,7 +42,9 @@ pub struct CompactionReport {
     pub segments_replaced: u64,
     /// Bytes of the replaced segments that the base segment did not keep.
     pub dead_bytes: u64,
-    /// Bytes on disk before and after.
+    /// Bytes of the log and the snapshot before and after, not counting
+    /// the space the newest segment holds ahead of its records (which a
+    /// close gives back).
     pub bytes_before: u64,
     pub bytes_after: u64,
     /// Longest time readers and writers were held back.

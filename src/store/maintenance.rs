@@ -43,7 +43,7 @@ impl Store {
         let _maintenance = self.lock_maintenance();
         let started = Instant::now();
         let storage = self.options.storage.as_ref();
-        let bytes_before = self.maps.disk_bytes().0 + self.snapshot_bytes();
+        let bytes_before = self.data_bytes();
 
         // Cut: seal the active segment; everything before it is compacted.
         let cut_started = Instant::now();
@@ -150,7 +150,7 @@ impl Store {
             segments_replaced: rewritten.replaced_segments.len() as u64,
             dead_bytes: rewritten.replaced_bytes.saturating_sub(base_bytes),
             bytes_before,
-            bytes_after: self.maps.disk_bytes().0 + self.snapshot_bytes(),
+            bytes_after: self.data_bytes(),
             pause,
             duration: started.elapsed(),
         })
@@ -353,6 +353,22 @@ impl Store {
     }
 
     /// Bytes of the snapshot file, if there is one.
+    /// Bytes of the log's files and the snapshot, the active segment's
+    /// only up to its records: the space reserved ahead of them (zeros
+    /// under `zero_fill`) is cut off at close, so that a compaction's
+    /// report would otherwise show a store it shrank as grown.
+    fn data_bytes(&self) -> u64 {
+        let writer = self.writer.lock();
+        let (files, _) = self.maps.disk_bytes();
+        let (_, records_end, _) = writer.log.position();
+        let reserved = writer
+            .log
+            .active_file()
+            .len()
+            .map_or(0, |len| len.saturating_sub(records_end));
+        files.saturating_sub(reserved) + self.snapshot_bytes()
+    }
+
     pub(super) fn snapshot_bytes(&self) -> u64 {
         let path = self.dir.join(SNAPSHOT_FILE);
         self.options
