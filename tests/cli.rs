@@ -75,9 +75,14 @@ fn ingest_json(store: &Path, file: &Path, extra: &[&str]) -> Value {
 /// `ingest --json -` with `body` on stdin and the given extra arguments;
 /// returns the report object.
 fn ingest_stdin(store: &Path, body: &[u8], extra: &[&str]) -> Value {
+    ingest_piped(store, "-", body, extra)
+}
+
+/// `ingest --json INPUT`, with `body` piped to its stdin.
+fn ingest_piped(store: &Path, input: &str, body: &[u8], extra: &[&str]) -> Value {
     let mut args = vec!["ingest", "--store", s(store), "--json"];
     args.extend_from_slice(extra);
-    args.push("-");
+    args.push(input);
     let mut child = Command::new(BIN)
         .args(&args)
         .stdin(Stdio::piped())
@@ -1068,6 +1073,12 @@ fn stdin_ingest_dedups_by_event_id_and_replays_the_same_stream() {
     let second = run();
     assert_eq!(second["replayed"].as_u64(), Some(4), "{second}");
     assert_eq!(scan(&store).len(), 30);
+    // The pipe by its path: a source of its own, read as a stream.
+    if Path::new("/dev/stdin").exists() {
+        let third = ingest_piped(&store, "/dev/stdin", body.as_bytes(), &[]);
+        assert_eq!(third["duplicates"].as_u64(), Some(30), "{third}");
+        assert_eq!(third["source"].as_str(), Some("/dev/stdin"));
+    }
 }
 
 /// A stream cannot be read again, so its last line counts once the stream

@@ -65,7 +65,10 @@ impl Input {
         match self {
             Input::Stdin => Ok("stdin".to_owned()),
             Input::File(path) => {
+                // A path that does not resolve to a file name but opens
+                // (`/dev/stdin` on a pipe) names itself.
                 let full = std::fs::canonicalize(path)
+                    .or_else(|e| std::fs::metadata(path).map(|_| path.clone()).map_err(|_| e))
                     .with_context(|| format!("cannot open {}", path.display()))?;
                 Ok(full.to_string_lossy().into_owned())
             }
