@@ -149,15 +149,25 @@ pub fn parse_line(line: &[u8], mapping: &FieldMapping) -> Result<Delivery, LineE
         let raw = object
             .get(&mapping.id_field)
             .ok_or_else(|| LineError::new(None, missing(&mapping.id_field)))?;
-        let id = scalar_text(raw).ok_or_else(|| {
-            LineError::new(
-                None,
-                format!(
-                    "field {} must be a string or an integer",
-                    quoted(&mapping.id_field)
-                ),
-            )
-        })?;
+        // A number must be an integer: `1.5` and `15e-1` are one number,
+        // and would be one id only by the accident of how they print.
+        let id = scalar_text(raw)
+            .filter(|text| {
+                !raw.is_number()
+                    || text
+                        .trim_start_matches('-')
+                        .bytes()
+                        .all(|b| b.is_ascii_digit())
+            })
+            .ok_or_else(|| {
+                LineError::new(
+                    None,
+                    format!(
+                        "field {} must be a string or an integer",
+                        quoted(&mapping.id_field)
+                    ),
+                )
+            })?;
         if id.is_empty() {
             return Err(LineError::new(
                 None,
@@ -520,6 +530,21 @@ mod tests {
         let err =
             parse(r#"{"event_id":"e1","key":"","seq":1,"op":"delete"}"#).expect_err("empty key");
         assert!(err.reason.contains("empty"), "{err}");
+        for id in ["1.5", "15e-1", "1e2", "true"] {
+            let line = format!(r#"{{"event_id":{id},"key":"k","seq":1,"op":"delete"}}"#);
+            let err = parse(&line).expect_err("not an integer id");
+            assert!(err.reason.contains("a string or an integer"), "{id}: {err}");
+        }
+        for (id, text) in [
+            ("-7", "-7"),
+            ("123456789012345678901234", "123456789012345678901234"),
+        ] {
+            let line = format!(r#"{{"event_id":{id},"key":"k","seq":1,"op":"delete"}}"#);
+            assert_eq!(
+                &parse(&line).expect("an integer id").event_id[..],
+                text.as_bytes()
+            );
+        }
     }
 
     #[test]
