@@ -954,6 +954,12 @@ fn a_line_longer_than_a_batch_is_invalid_input() {
     assert!(stderr.contains("line 2: line of 5242"), "{stderr}");
     assert!(stderr.contains("longer than 4194304"), "{stderr}");
 
+    // Nor is one that starts with more blanks than that: it is not blank.
+    let blank_start = dir.path().join("blank-start.ndjson");
+    write_lines(&blank_start, &[" ".repeat(5 << 20) + &lines[0]]);
+    let stderr = fails(&["ingest", "--store", s(&store), s(&blank_start)]);
+    assert!(stderr.contains("longer than 4194304"), "{stderr}");
+
     let args = ["--on-invalid", "quarantine", "--batch-size", "1"];
     let first = ingest_json(&store, &file, &args);
     assert_eq!(
@@ -991,9 +997,18 @@ fn a_followed_file_replaced_under_its_name_stops_the_run() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
-    // The store is the follower's until it exits: give it time to read
-    // the file to its end (it polls every 20 ms).
-    thread::sleep(Duration::from_millis(1500));
+    // The store is the follower's until it exits; its log shows when the
+    // last line went in (the record holds the key).
+    let segment = store.join("0000000001.seg");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !fs::read(&segment)
+        .unwrap_or_default()
+        .windows(2)
+        .any(|w| w == b"k5")
+    {
+        assert!(Instant::now() < deadline, "the follower never wrote line 5");
+        thread::sleep(Duration::from_millis(20));
+    }
     // A log rotation: the file moves away and a new one takes its name.
     fs::rename(&file, dir.path().join("in.ndjson.1")).expect("rotate");
     write_lines(&file, &other_lines());
@@ -1176,6 +1191,16 @@ fn exit_codes_name_failures_and_usage_errors() {
     for args in [
         vec!["ingest", "--store", s(&store), "--source", "", "-"],
         vec!["ingest", "--store", s(&store), "--follow", "-"],
+        vec![
+            "ingest",
+            "--store",
+            s(&store),
+            "--key-field",
+            "a,b",
+            "--key-separator",
+            "",
+            "-",
+        ],
     ] {
         let out = idemkv(&args);
         assert_eq!(

@@ -17,7 +17,7 @@ use crate::cli::canonical::string_literal;
 use crate::cli::ingest::{BATCH_BYTES_MAX, Follow, IngestOptions, IngestSummary, Input, ingest};
 use crate::cli::ndjson::FieldMapping;
 use crate::cli::render::{counts_object, counts_text, json_line};
-use crate::cli::{demo, inspect, maintain};
+use crate::cli::{UsageError, demo, inspect, maintain};
 use crate::{Durability, OnConflict, Options, Store};
 
 /// Runs `idemkv` with the process's arguments; returns the exit code.
@@ -56,19 +56,6 @@ where
         }
     }
 }
-
-/// A command line that parses but asks for something that cannot be done
-/// (exit 2, as clap's own usage errors).
-#[derive(Debug)]
-struct UsageError(&'static str);
-
-impl std::fmt::Display for UsageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}
 
 /// The error and its causes on one line, skipping a cause its parent already quotes.
 fn message(err: &anyhow::Error) -> String {
@@ -162,13 +149,13 @@ fn ingest_command(args: IngestArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     };
     if args.mapping.key_field.len() > 1 && args.mapping.key_separator.is_empty() {
         return Err(UsageError(
-            "--key-separator must not be empty when several --key-field are joined",
+            "--key-separator must not be empty when several --key-field are joined".to_owned(),
         )
         .into());
     }
     if args.follow && input == Input::Stdin {
         return Err(UsageError(
-            "--follow reads a growing regular file; stdin is read until it ends anyway",
+            "--follow reads a growing regular file; stdin is read until it ends anyway".to_owned(),
         )
         .into());
     }

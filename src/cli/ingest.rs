@@ -30,6 +30,7 @@ use anyhow::{Context, anyhow, bail};
 use indicatif::ProgressBar;
 use xxhash_rust::xxh3::Xxh3;
 
+use crate::cli::UsageError;
 use crate::cli::canonical::string_literal;
 use crate::cli::ndjson::{FieldMapping, LineError, clip, is_blank, parse_line};
 use crate::{Batch, BatchReport, Delivery, Error, Op, Store};
@@ -174,10 +175,11 @@ pub fn ingest(
     assert!(options.batch_size >= 1, "batch size must be at least 1");
     let opened = open_input(store, input, options)?;
     if options.follow.is_some() && !opened.is_seekable {
-        bail!(
+        return Err(UsageError(format!(
             "--follow reads a growing regular file; {} is a stream, which ingest reads until it ends anyway",
             input_name(input)
-        );
+        ))
+        .into());
     }
     progress.set_position(opened.start);
     let mut run = Run {
@@ -197,6 +199,7 @@ pub fn ingest(
     let mut position = opened.start;
     let mut line_no = opened.lines_before;
     let mut last_data = Instant::now();
+    let mut is_replaced = false;
     loop {
         if options
             .max_batches
@@ -239,6 +242,14 @@ pub fn ingest(
             progress.set_message(format!("{} lines", run.summary.lines));
         }
         let Some(follow) = options.follow else { break };
+        if is_replaced {
+            bail!(
+                "{} was replaced or moved while being followed; the file followed until then is ingested to its end, and source {} has checkpoint {}: ingest the new file under another --source",
+                input_name(input),
+                string_literal(&options.source),
+                run.summary.checkpoint
+            );
+        }
         if follow
             .idle_exit
             .is_some_and(|idle| last_data.elapsed() >= idle)
@@ -260,12 +271,10 @@ pub fn ingest(
             if let Input::File(path) = input
                 && !is_same_file(file, path)
             {
-                bail!(
-                    "{} was replaced or moved while being followed; the checkpoint of source {} covers the file followed until then, up to byte {}: ingest the new file under another --source",
-                    path.display(),
-                    string_literal(&options.source),
-                    run.summary.checkpoint
-                );
+                // What was written to the old file before it moved is read
+                // to its end first.
+                is_replaced = true;
+                continue;
             }
         }
         thread::sleep(follow.poll);
@@ -437,7 +446,7 @@ fn check_last_batch(
     let (batch_id, batch) = lines.take_batch(&options.source, start);
     if batch.content_hash() != entry.content_hash {
         bail!(
-            "bytes {batch_start}..{start} of {} are not the lines batch {} committed from them: the file was replaced since it was ingested (or the field mapping changed); ingest it under another --source, or with --from-start to redeliver it all",
+            "bytes {batch_start}..{start} of {} are not the lines batch {} committed from them: the file was replaced since it was ingested (or the field mapping changed, or this version of idemkv reads those lines differently); ingest it under another --source, or with --from-start to redeliver it all",
             path.display(),
             string_literal(&batch_id)
         );
@@ -555,14 +564,19 @@ impl BatchLines {
         if !self.is_seekable {
             self.hasher.update(&line.bytes);
         }
-        if is_blank(&line.bytes) {
-            return;
-        }
+        // Too long before blank: only the kept bytes could be looked at,
+        // and a line that starts with 4 MiB of spaces is not blank.
         let parsed = if line.is_too_long() {
+            let newline = u64::from(line.is_complete);
             Err(LineError {
                 event_id: None,
-                reason: format!("line of {} bytes, longer than {LINE_BYTES_MAX}", line.len),
+                reason: format!(
+                    "line of {} bytes, longer than {LINE_BYTES_MAX}",
+                    line.len - newline
+                ),
             })
+        } else if is_blank(&line.bytes) {
+            return;
         } else {
             parse_line(&line.bytes, mapping)
         };

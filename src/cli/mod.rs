@@ -15,4 +15,17 @@ pub mod ndjson;
 mod render;
 
 pub use app::{run, run_from};
+
+/// A command line that parses but asks for something that cannot be done
+/// (exit 2, as clap's own usage errors).
+#[derive(Debug)]
+pub(crate) struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
 pub use ndjson::{FieldMapping, LineError, parse_line};

@@ -149,25 +149,15 @@ pub fn parse_line(line: &[u8], mapping: &FieldMapping) -> Result<Delivery, LineE
         let raw = object
             .get(&mapping.id_field)
             .ok_or_else(|| LineError::new(None, missing(&mapping.id_field)))?;
-        // A number must be an integer: `1.5` and `15e-1` are one number,
-        // and would be one id only by the accident of how they print.
-        let id = scalar_text(raw)
-            .filter(|text| {
-                !raw.is_number()
-                    || text
-                        .trim_start_matches('-')
-                        .bytes()
-                        .all(|b| b.is_ascii_digit())
-            })
-            .ok_or_else(|| {
-                LineError::new(
-                    None,
-                    format!(
-                        "field {} must be a string or an integer",
-                        quoted(&mapping.id_field)
-                    ),
-                )
-            })?;
+        let id = id_text(raw).ok_or_else(|| {
+            LineError::new(
+                None,
+                format!(
+                    "field {} must be a string or an integer",
+                    quoted(&mapping.id_field)
+                ),
+            )
+        })?;
         if id.is_empty() {
             return Err(LineError::new(
                 None,
@@ -326,12 +316,14 @@ fn key_of(
             key.push_str(&mapping.key_separator);
         }
         // Joined, a part holding the separator could not be told apart:
-        // ("a/b", "c") and ("a", "b/c") would be one key.
-        if mapping.key_fields.len() > 1 && part.contains(&mapping.key_separator) {
+        // ("a/b", "c") and ("a", "b/c") would be one key. Nor may it hold
+        // any character of a longer one: with `::`, ("p:", "q") and ("p",
+        // ":q") both join into `p:::q`.
+        if mapping.key_fields.len() > 1 && part.contains(|c| mapping.key_separator.contains(c)) {
             return Err(LineError::new(
                 id,
                 format!(
-                    "field {} holds the key separator {}, which would make the joined key ambiguous",
+                    "field {} holds a character of the key separator {}, which would make the joined key ambiguous",
                     quoted(field),
                     canonical::string_literal(&mapping.key_separator)
                 ),
@@ -371,6 +363,22 @@ pub fn clip(text: &str, max_chars: usize) -> Cow<'_, str> {
     match text.char_indices().nth(max_chars) {
         None => Cow::Borrowed(text),
         Some((end, _)) => Cow::Owned(format!("{}...", text.get(..end).unwrap_or(text))),
+    }
+}
+
+/// An event id's text: a string's, or an integer's digits as written.
+/// Other numbers are refused: `1.5` and `15e-1` are one number, and would
+/// be one id only by the accident of how they print.
+fn id_text(value: &Value) -> Option<String> {
+    match value {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => {
+            let text = n.as_str();
+            let digits = text.strip_prefix('-').unwrap_or(text);
+            (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| text.to_owned())
+        }
+        _ => None,
     }
 }
 
@@ -478,6 +486,18 @@ mod tests {
             let err = parse_line(line, &mapping).expect_err("ambiguous");
             assert!(err.to_string().contains("key separator"), "{err}");
         }
+        // Nor any character of a longer separator.
+        let colons = FieldMapping {
+            key_separator: "::".to_owned(),
+            ..mapping.clone()
+        };
+        for line in [
+            br#"{"event_id":3,"order_id":"p:","line_no":"q","lsn":1,"op":"delete"}"#.as_slice(),
+            br#"{"event_id":4,"order_id":"p","line_no":":q","lsn":1,"op":"delete"}"#,
+        ] {
+            let err = parse_line(line, &colons).expect_err("ambiguous");
+            assert!(err.to_string().contains("key separator"), "{err}");
+        }
         // A single key field may hold it: nothing is joined.
         let d = parse(r#"{"event_id":"e","key":"a/b","seq":1,"op":"delete"}"#).expect("valid");
         assert_eq!(&d.key[..], b"a/b");
@@ -537,6 +557,7 @@ mod tests {
         }
         for (id, text) in [
             ("-7", "-7"),
+            ("100000000000000000000", "100000000000000000000"),
             ("123456789012345678901234", "123456789012345678901234"),
         ] {
             let line = format!(r#"{{"event_id":{id},"key":"k","seq":1,"op":"delete"}}"#);

@@ -352,7 +352,6 @@ impl Store {
         )
     }
 
-    /// Bytes of the snapshot file, if there is one.
     /// Bytes of the log's files and the snapshot, the active segment's
     /// only up to its records: the space reserved ahead of them (zeros
     /// under `zero_fill`) is cut off at close, so that a compaction's
@@ -369,6 +368,7 @@ impl Store {
         files.saturating_sub(reserved) + self.snapshot_bytes()
     }
 
+    /// Bytes of the snapshot file, if there is one.
     pub(super) fn snapshot_bytes(&self) -> u64 {
         let path = self.dir.join(SNAPSHOT_FILE);
         self.options

@@ -17,6 +17,7 @@ pub struct Record {
 
 /// One committed batch, as listed by [`Store::log`](crate::Store::log).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LogEntry {
     pub batch_id: Bytes,
     /// The batch's `Batch::content_hash`.
