@@ -1009,7 +1009,11 @@ fn a_followed_file_replaced_under_its_name_stops_the_run() {
         assert!(Instant::now() < deadline, "the follower never wrote line 5");
         thread::sleep(Duration::from_millis(20));
     }
-    // A log rotation: the file moves away and a new one takes its name.
+    // A last line, then a log rotation right away: the file moves away
+    // and a new one takes its name. The old file is read to its end.
+    let mut writer = OpenOptions::new().append(true).open(&file).expect("open");
+    writeln!(writer, "{}", lines[5]).expect("write");
+    drop(writer);
     fs::rename(&file, dir.path().join("in.ndjson.1")).expect("rotate");
     write_lines(&file, &other_lines());
     let out = child.wait_with_output().expect("wait");
@@ -1019,10 +1023,10 @@ fn a_followed_file_replaced_under_its_name_stops_the_run() {
         "{}",
         text(&out.stderr)
     );
-    assert_eq!(scan(&store).len(), 5, "the followed file's lines went in");
+    assert_eq!(scan(&store).len(), 6, "the followed file's lines went in");
     assert_eq!(
         checkpoint(&store, "tail"),
-        Some(offset_after_line(&lines, 5))
+        Some(offset_after_line(&lines, 6))
     );
 }
 
