@@ -972,6 +972,30 @@ fn a_line_longer_than_a_batch_is_invalid_input() {
     assert_eq!(scan(&store).len(), 29);
 }
 
+/// `ingest --json --follow` of `file` as source `tail`, polling every 20 ms
+/// and stopping after `idle_exit_ms` without new bytes.
+fn follow(store: &Path, file: &Path, idle_exit_ms: &str) -> std::process::Child {
+    Command::new(BIN)
+        .args([
+            "ingest",
+            "--store",
+            s(store),
+            "--source",
+            "tail",
+            "--json",
+            "--follow",
+            "--poll-ms",
+            "20",
+            "--idle-exit-ms",
+            idle_exit_ms,
+            s(file),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn")
+}
+
 #[test]
 fn a_followed_file_replaced_under_its_name_stops_the_run() {
     let dir = tempdir();
@@ -979,24 +1003,7 @@ fn a_followed_file_replaced_under_its_name_stops_the_run() {
     let file = dir.path().join("in.ndjson");
     let store = dir.path().join("store");
     write_lines(&file, &lines[..5]);
-    let child = Command::new(BIN)
-        .args([
-            "ingest",
-            "--store",
-            s(&store),
-            "--source",
-            "tail",
-            "--follow",
-            "--poll-ms",
-            "20",
-            "--idle-exit-ms",
-            "10000",
-            s(&file),
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
+    let child = follow(&store, &file, "10000");
     // The store is the follower's until it exits; its log shows when the
     // last line went in (the record holds the key).
     let segment = store.join("0000000001.seg");
@@ -1037,25 +1044,7 @@ fn follow_reads_a_growing_file_until_idle() {
     let file = dir.path().join("in.ndjson");
     let store = dir.path().join("store");
     fs::write(&file, "").expect("create");
-    let child = Command::new(BIN)
-        .args([
-            "ingest",
-            "--store",
-            s(&store),
-            "--source",
-            "tail",
-            "--json",
-            "--follow",
-            "--poll-ms",
-            "20",
-            "--idle-exit-ms",
-            "1500",
-            s(&file),
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
+    let child = follow(&store, &file, "1500");
     let mut writer = OpenOptions::new().append(true).open(&file).expect("open");
     for chunk in lines.chunks(7) {
         for line in chunk {
