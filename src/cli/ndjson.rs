@@ -128,12 +128,12 @@ pub fn parse_line(line: &[u8], mapping: &FieldMapping) -> Result<Delivery, LineE
             format!("not valid JSON at column {}: {message}", e.column()),
         )
     })?;
-    let Value::Object(object) = value else {
-        return Err(LineError::new(None, "not a JSON object"));
-    };
     // serde_json keeps the last of a repeated name; another reader may keep
-    // the first, and see another event in the same line.
-    if let Some(name) = repeated_name(line) {
+    // the first, and see another event in the same line. The parsed value
+    // holds fewer names than the line spells out exactly when one repeats:
+    // counting them is cheap, and only then is the name looked for.
+    if names_held(&value) != names_written(line) {
+        let name = repeated_name(line).unwrap_or_default();
         return Err(LineError::new(
             None,
             format!(
@@ -142,6 +142,9 @@ pub fn parse_line(line: &[u8], mapping: &FieldMapping) -> Result<Delivery, LineE
             ),
         ));
     }
+    let Value::Object(object) = value else {
+        return Err(LineError::new(None, "not a JSON object"));
+    };
 
     let event_id = if mapping.id_from_content {
         content_id(&object, &mapping.ignore_fields)
@@ -230,6 +233,36 @@ pub fn parse_line(line: &[u8], mapping: &FieldMapping) -> Result<Delivery, LineE
         seq,
         op,
     })
+}
+
+/// How many members the objects in `value` hold, nested ones included.
+fn names_held(value: &Value) -> usize {
+    match value {
+        Value::Object(object) => object.len() + object.values().map(names_held).sum::<usize>(),
+        Value::Array(items) => items.iter().map(names_held).sum(),
+        _ => 0,
+    }
+}
+
+/// How many member names `json`, which is valid JSON, spells out: the
+/// strings followed by a colon.
+fn names_written(json: &[u8]) -> usize {
+    let mut names = 0;
+    let mut at = 0;
+    while let Some(&byte) = json.get(at) {
+        if byte == b'"' {
+            let Some(end) = string_end(json, at) else {
+                break;
+            };
+            let next = json
+                .get(end + 1..)
+                .and_then(|rest| rest.iter().find(|b| !b.is_ascii_whitespace()));
+            names += usize::from(next == Some(&b':'));
+            at = end;
+        }
+        at += 1;
+    }
+    names
 }
 
 /// The first name that appears twice in one object of `json`, which is
