@@ -251,13 +251,10 @@ fn names_written(json: &[u8]) -> usize {
     let mut at = 0;
     while let Some(&byte) = json.get(at) {
         if byte == b'"' {
-            let Some(end) = string_end(json, at) else {
+            let Some((end, is_name)) = string_at(json, at) else {
                 break;
             };
-            let next = json
-                .get(end + 1..)
-                .and_then(|rest| rest.iter().find(|b| !b.is_ascii_whitespace()));
-            names += usize::from(next == Some(&b':'));
+            names += usize::from(is_name);
             at = end;
         }
         at += 1;
@@ -280,11 +277,7 @@ fn repeated_name(json: &[u8]) -> Option<String> {
                 open.pop();
             }
             b'"' => {
-                let end = string_end(json, at)?;
-                let is_name = json
-                    .get(end + 1..)
-                    .and_then(|rest| rest.iter().find(|b| !b.is_ascii_whitespace()))
-                    == Some(&b':');
+                let (end, is_name) = string_at(json, at)?;
                 if is_name && let Some(Some(names)) = open.last_mut() {
                     let raw = json.get(at + 1..end)?;
                     let name = if raw.contains(&b'\\') {
@@ -306,16 +299,21 @@ fn repeated_name(json: &[u8]) -> Option<String> {
     None
 }
 
-/// Where the string whose opening quote is at `start` closes.
-fn string_end(json: &[u8], start: usize) -> Option<usize> {
-    let mut at = start + 1;
+/// Where the string whose opening quote is at `start` closes, and whether
+/// it is a member name (a colon follows it).
+fn string_at(json: &[u8], start: usize) -> Option<(usize, bool)> {
+    let mut end = start + 1;
     loop {
-        match json.get(at)? {
-            b'\\' => at += 2,
-            b'"' => return Some(at),
-            _ => at += 1,
+        match json.get(end)? {
+            b'\\' => end += 2,
+            b'"' => break,
+            _ => end += 1,
         }
     }
+    let next = json
+        .get(end + 1..)
+        .and_then(|rest| rest.iter().find(|b| !b.is_ascii_whitespace()));
+    Some((end, next == Some(&b':')))
 }
 
 /// The content-derived event id: xxh3-128 of the canonical object minus `ignore`.
