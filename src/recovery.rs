@@ -401,18 +401,28 @@ struct LoadedSnapshot {
     ref_extents: std::collections::BTreeMap<u32, u64>,
 }
 
-/// Loads the snapshot into `index`; returns what it claims, or why it cannot be used.
-fn load_snapshot(
+/// The snapshot file and a map of it. Failing here says nothing of its
+/// bytes: the same file may read at the next open.
+fn read_snapshot(
     storage: &dyn Storage,
     dir: &Path,
-    index: &mut Index,
-) -> Result<LoadedSnapshot, Cow<'static, str>> {
+) -> Result<(Arc<dyn StorageFile>, Bytes), Cow<'static, str>> {
     let path = dir.join(SNAPSHOT_FILE);
     let file = storage
         .open(&path, OpenMode::Read)
         .map_err(|e| format!("cannot open: {e}"))?;
     let map = file.map(0).map_err(|e| format!("cannot map: {e}"))?;
-    if decode_segment_header(&map, 0)? != FileKind::Snapshot {
+    Ok((file, map))
+}
+
+/// Loads the snapshot `read_snapshot` read into `index`; returns what it
+/// claims, or why it cannot be used.
+fn load_snapshot(
+    file: &dyn StorageFile,
+    map: &Bytes,
+    index: &mut Index,
+) -> Result<LoadedSnapshot, Cow<'static, str>> {
+    if decode_segment_header(map, 0)? != FileKind::Snapshot {
         return Err("not a snapshot file".into());
     }
     // Keys load on a second thread while this one loads the seen ids.
@@ -420,8 +430,8 @@ fn load_snapshot(
         let failed =
             |e: LoadError| format!("{} in the record at offset {}", e.what, e.record_offset);
         let mut loader = StateLoader::with_key_thread(FileKind::Snapshot, scope, index, map.len());
-        let mut walked = MapWalk::new(file.as_ref(), &map);
-        for item in SegmentReader::new(&map, 0) {
+        let mut walked = MapWalk::new(file, map);
+        for item in SegmentReader::new(map, 0) {
             let record = match item {
                 Ok(record) => record,
                 Err(bad) => {
@@ -490,7 +500,8 @@ struct Replayed {
     index: Index,
     walk: Walk,
     snapshot: SnapshotUse,
-    /// The snapshot loaded but does not fit this log (see `recover`).
+    /// The snapshot loaded but does not fit this log, or could not be
+    /// read at all, so that a later open might find it fitting (see `recover`).
     snapshot_is_stale: bool,
 }
 
@@ -518,7 +529,10 @@ fn replay_log(
     let (mut snapshot, mut snapshot_is_stale) = (None, false);
     if names.iter().any(|n| n == SNAPSHOT_FILE) {
         let mut index = Index::new(ttls);
-        let reason = match load_snapshot(storage, dir, &mut index) {
+        let loaded = read_snapshot(storage, dir)
+            .inspect_err(|_| snapshot_is_stale = true)
+            .and_then(|(file, map)| load_snapshot(file.as_ref(), &map, &mut index));
+        let reason = match loaded {
             Ok(snapshot) => {
                 let start = (snapshot.end.covered_segment, snapshot.end.covered_offset);
                 let walk = walk(open()?, &mut index, Some(start), below.is_none());
@@ -578,6 +592,7 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, ttls: Ttls) -> Result<R
     } = replay_log(storage, dir, ttls, true, None)?;
 
     let mut torn_bytes = 0;
+    let is_cut = walk.problem.is_some();
     if let Some(problem) = walk.problem.take() {
         if !problem.is_tail {
             return Err(problem.into_error());
@@ -629,12 +644,15 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, ttls: Ttls) -> Result<R
                 .map_err(|e| Error::io("truncate", &path, e))?;
         }
     }
-    if snapshot_is_stale {
+    let is_rejected = matches!(snapshot, Some(Err(_)));
+    if snapshot_is_stale || (is_rejected && is_cut) {
         // A snapshot that loads but does not fit the log (the log lost
         // records it covers) goes before anything is appended: once the
         // log grew past the position it names, a later open could find it
-        // fitting and skip every record written before that position. It
-        // holds nothing the log does not: a snapshot only saves time.
+        // fitting and skip every record written before that position. So
+        // does one that could not be read (it may read next time), or any
+        // rejected one when this open cut the log. It holds nothing the
+        // log does not: a snapshot only saves time.
         remove_durably(storage, dir, SNAPSHOT_FILE)?;
     }
     if storage
@@ -970,7 +988,8 @@ fn snapshot_problem(
         return Ok(None);
     }
     let mut scratch = Index::default();
-    Ok(load_snapshot(storage, dir, &mut scratch)
+    Ok(read_snapshot(storage, dir)
+        .and_then(|(file, map)| load_snapshot(file.as_ref(), &map, &mut scratch))
         .and_then(|snapshot| check_snapshot(&snapshot, walk).map_err(Cow::Borrowed))
         .err())
 }

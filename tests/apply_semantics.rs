@@ -732,6 +732,41 @@ fn every_payload_difference_is_a_conflict() {
     assert_eq!(row(&store, "n"), live(5, "2"));
 }
 
+/// A Put whose value is an Add's delta in 8 little-endian bytes, at a seq
+/// that differs from the Add's only in the top byte: another payload, so
+/// a conflict, and a batch id reused with it a batch conflict. (The op's
+/// tag once went into the seq's top byte, and these two hashed alike.)
+#[test]
+fn a_put_and_an_add_that_differ_in_the_seqs_top_byte_conflict() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), options());
+    let delta: i64 = 3;
+    // Nanosecond timestamps: 2026 and, with bit 57 flipped, 2030.
+    let add_seq: u64 = 1_789_948_800_000_000_000;
+    let put_seq = add_seq ^ (2 << 56);
+    commit(
+        &store,
+        &Batch::new("B1").add("e1", "visits", add_seq, delta),
+    );
+    let before = digest(&store);
+    let put = Batch::new("B2").put("e1", "visits", put_seq, delta.to_le_bytes());
+    assert_conflicting(apply(&store, &put), "B2", 0, "e1");
+    let reused = Batch::new("B1").put("e1", "visits", put_seq, delta.to_le_bytes());
+    assert_batch_conflict(apply(&store, &reused), "B1");
+    assert_eq!(digest(&store), before);
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), options().on_conflict(OnConflict::Quarantine));
+    commit(
+        &store,
+        &Batch::new("B1").add("e1", "visits", add_seq, delta),
+    );
+    let r = commit(&store, &put);
+    assert_eq!(r, report(|r| r.rejected = 1));
+    assert_eq!(store.quarantine().len(), 1);
+    assert_eq!(row(&store, "visits"), live(add_seq, "3"));
+}
+
 #[test]
 fn size_limits_are_inclusive() {
     let dir = tempfile::tempdir().unwrap();

@@ -97,3 +97,56 @@ fn a_failure_at_any_step_of_compaction_loses_nothing_and_misleads_no_reopen() {
         "only {failures} injected faults hit compaction"
     );
 }
+
+/// A compaction removes the snapshot durably before it renames its base
+/// into place, so that no crash pairs the two. When an earlier compaction
+/// removed the snapshot but failed at the directory sync, the removal may
+/// not be durable yet: the retry, finding no snapshot, syncs the directory
+/// all the same before its rename.
+#[test]
+fn a_compaction_retried_after_a_failed_snapshot_removal_syncs_it_before_the_rename() {
+    let dir = PathBuf::from("/db");
+    let snapshot = dir.join("SNAPSHOT");
+    // The directory syncs before the removal's (the cut's rotation) pass.
+    let (storage, store) = (0..8)
+        .find_map(|skip| {
+            let storage = FaultyStorage::new();
+            let store = Store::open(&dir, options(&storage)).unwrap();
+            fill(&store);
+            store.snapshot().unwrap();
+            let first_op = storage.ops().len();
+            storage.inject(Fault::new(OpKind::SyncDir, FaultError::Io).skip(skip));
+            store.compact().expect_err("a directory sync failed");
+            let ops = storage.ops()[first_op..].to_vec();
+            let failed = ops.iter().position(|o| o.failed)?;
+            let removal = &ops[failed.checked_sub(1)?];
+            (removal.kind == OpKind::Remove && removal.path == snapshot).then_some((storage, store))
+        })
+        .expect("a directory sync right after the snapshot's removal");
+    assert!(!storage.files().contains(&snapshot));
+    let rows_before = rows(&store);
+
+    storage.heal();
+    let retry_from = storage.ops().len();
+    store.compact().expect("the retry compacts");
+    let ops = &storage.ops()[retry_from..];
+    let rename = ops
+        .iter()
+        .position(|o| o.kind == OpKind::Rename && o.path.to_string_lossy().ends_with(".tmp"))
+        .expect("the base is renamed into place");
+    let base_synced = ops[..rename]
+        .iter()
+        .rposition(|o| o.kind == OpKind::SyncData)
+        .expect("the base is synced");
+    assert!(
+        ops[base_synced..rename]
+            .iter()
+            .any(|o| o.kind == OpKind::SyncDir && o.path == dir),
+        "a directory sync after the base's and before its rename: {:?}",
+        ops[base_synced..=rename]
+            .iter()
+            .map(|o| o.kind)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(rows(&store), rows_before);
+}

@@ -1215,6 +1215,106 @@ fn faults_and_crashes_while_open_removes_a_stale_snapshot() {
     }
 }
 
+/// A snapshot that open could not read, or rejected while the same open
+/// cut the log's torn tail, is removed before anything is appended. Left
+/// in place, a read failure that passes (EIO, ENOMEM, EMFILE) lets a later
+/// open load it: once new batches regrow the cut log to the position it
+/// covers, it fits, and that open skips acknowledged batches (and serves
+/// the cut record's values from another record's bytes).
+#[test]
+fn a_snapshot_unread_or_rejected_when_open_cuts_the_log_is_removed() {
+    let options = |storage: &FaultyStorage| {
+        options(storage)
+            .segment_bytes_max(1 << 20)
+            .snapshot_log_bytes(None)
+    };
+    // Records of equal length, so that a new one ends where a cut one did.
+    let batch = |prefix: char, i: u32| {
+        Batch::new(format!("{prefix}{i:03}")).put(
+            format!("{prefix}e{i:03}"),
+            format!("{prefix}k{i:03}"),
+            1,
+            format!("{prefix}-value-{i:03}"),
+        )
+    };
+    let snapshot_path = dir().join("SNAPSHOT");
+    // Ten batches and a snapshot covering them all; then bit rot in the
+    // last record, which open cuts as a torn write.
+    let image = FaultyStorage::new();
+    {
+        let store = Store::open(dir(), options(&image)).expect("open");
+        for i in 0..10 {
+            store.apply_batch(&batch('B', i)).expect("apply");
+        }
+        store.snapshot().expect("snapshot");
+        store.close().expect("close");
+    }
+    let segment = segment_path(1);
+    let len = image.file_len(&segment).expect("segment");
+    image.corrupt(&segment, len - 1, 0x40).expect("corrupt");
+    let snapshot_len = image.file_len(&snapshot_path).expect("snapshot");
+
+    let unreadable = |storage: &FaultyStorage| {
+        storage.inject(Fault::new(OpKind::Map, FaultError::Io).skip(1));
+    };
+    let rotten = |storage: &FaultyStorage| {
+        storage
+            .corrupt(&snapshot_path, snapshot_len - 1, 0x40)
+            .expect("corrupt the snapshot");
+    };
+    for (what, spoil) in [
+        ("unreadable", &unreadable as &dyn Fn(&FaultyStorage)),
+        ("rotten", &rotten),
+    ] {
+        let storage = image.crash_image(CrashPolicy::ProcessCrash);
+        spoil(&storage);
+        let store = Store::open(dir(), options(&storage)).expect("open");
+        let stats = store.stats();
+        assert!(stats.snapshot_rejected.is_some(), "{what}: {stats:?}");
+        assert!(stats.torn_bytes_discarded > 0, "{what}: {stats:?}");
+        assert!(
+            !storage.files().contains(&snapshot_path),
+            "{what}: the snapshot is gone before anything is appended"
+        );
+        assert_eq!(
+            store.get("Bk009").expect("get"),
+            None,
+            "{what}: B009 was cut"
+        );
+        // Acknowledged batches; the first ends where the snapshot's log ended.
+        store.apply_batch(&batch('N', 9)).expect("apply");
+        store.apply_batch(&batch('N', 10)).expect("apply");
+        let digest = store.digest().expect("digest");
+        drop(store);
+
+        let store = Store::open(dir(), options(&storage)).expect("reopen");
+        assert!(!store.stats().opened_from_snapshot, "{what}");
+        assert!(
+            store.get("Nk009").expect("get").is_some(),
+            "{what}: N009 kept"
+        );
+        assert_eq!(store.digest().expect("digest"), digest, "{what}");
+    }
+
+    // Unreadable once, with nothing cut: removed too, since it might read
+    // at the next open; that open replays the log and finds every batch.
+    let intact = FaultyStorage::new();
+    {
+        let store = Store::open(dir(), options(&intact)).expect("open");
+        for i in 0..10 {
+            store.apply_batch(&batch('B', i)).expect("apply");
+        }
+        store.snapshot().expect("snapshot");
+        store.close().expect("close");
+    }
+    unreadable(&intact);
+    let store = Store::open(dir(), options(&intact)).expect("open");
+    assert!(store.stats().snapshot_rejected.is_some());
+    assert_eq!(store.stats().torn_bytes_discarded, 0);
+    assert!(!intact.files().contains(&snapshot_path));
+    assert!(store.get("Bk009").expect("get").is_some());
+}
+
 /// A store directory that open creates is durable only once its parent is
 /// synced: open syncs the parent of each directory it made (POSIX promises
 /// no more; without it, a power loss could take the directory and every

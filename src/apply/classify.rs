@@ -28,7 +28,11 @@ fn op_tag(op: &Op) -> u64 {
 
 /// Hashes one delivery.
 pub(crate) fn hash_delivery(d: &Delivery) -> DeliveryHash {
-    let seed = d.seq ^ op_tag(&d.op).rotate_right(8);
+    // The seq hashed under the op's tag: two (seq, op) pairs share a seed
+    // only by chance. With the tag xored into the seq's top byte, a Put at
+    // seq s and an Add at s ^ 2 << 56 shared one, and a Put whose value was
+    // the delta's 8 bytes then had the Add's payload hash.
+    let seed = xxh3_64_with_seed(&d.seq.to_le_bytes(), op_tag(&d.op));
     let head = xxh3_64_with_seed(&d.key, seed);
     let payload = match &d.op {
         Op::Put(value) => xxh3_64_with_seed(value, head),
@@ -135,6 +139,26 @@ mod tests {
             hash_delivery(&delivery("other id", "k", 1, Op::Put("v".into()))).payload,
             h
         );
+    }
+
+    #[test]
+    fn no_op_and_seq_pair_shares_a_payload_hash_with_another_by_construction() {
+        // Seqs that differ only in the top byte, where the op's tag went.
+        let delta: i64 = 5;
+        for seq in [1, 1 << 56, 1_789_948_800_000_000_000] {
+            let put = delivery("e", "k", seq, Op::Put(delta.to_le_bytes().to_vec().into()));
+            for flip in 1..=7u64 {
+                let other_seq = seq ^ (flip << 56);
+                for op in [Op::Add(delta), Op::Delete] {
+                    let other = delivery("e", "k", other_seq, op);
+                    assert_ne!(
+                        hash_delivery(&other).payload,
+                        hash_delivery(&put).payload,
+                        "{other:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -21,8 +21,8 @@ use bytes::Bytes;
 use crate::error::{Error, Result};
 use crate::format::segment::FileKind;
 use crate::format::state::StateEnd;
+use crate::index::Index;
 use crate::index::expiry::Ttls;
-use crate::index::{Index, Purged};
 use crate::log::names::{TMP_SUFFIX, segment_file_name};
 use crate::log::segments::ValueRef;
 use crate::recovery;
@@ -32,11 +32,14 @@ use crate::storage::{Storage, StorageFile};
 /// What a compaction dropped and what it cost.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct CompactionReport {
-    /// Expired seen event ids dropped.
+    /// Expired seen event ids the index let go of: `Stats::seen_ids`
+    /// falls by this much. Ids that the seen index's merges let go of
+    /// earlier are not counted again, though their bytes leave the disk
+    /// now (in `dead_bytes`).
     pub seen_ids_dropped: u64,
-    /// Expired batch ids dropped.
+    /// Expired batch ids the index let go of.
     pub batch_ids_dropped: u64,
-    /// Expired tombstones dropped.
+    /// Expired tombstones the index let go of.
     pub tombstones_dropped: u64,
     /// Segment files replaced by the base segment.
     pub segments_replaced: u64,
@@ -61,7 +64,6 @@ pub(crate) struct Rewritten {
     pub map: Bytes,
     /// The state of the base, read back from it: its values refer to the base.
     pub state: Index,
-    pub purged: Purged,
     /// Bytes of the segments the base replaces.
     pub replaced_bytes: u64,
     pub replaced_segments: Vec<u32>,
@@ -78,7 +80,7 @@ pub(crate) fn rewrite(
     read_value: &dyn Fn(ValueRef) -> Result<Bytes>,
 ) -> Result<Rewritten> {
     let (mut state, replaced) = recovery::state_before(storage, dir, ttls, cut)?;
-    let purged = state.purge_expired(now_ms);
+    state.purge_expired(now_ms);
     // The base settles its add marks at its own clock (`state_file::write`),
     // which must not be earlier than the purge.
     state.log_time_ms = state.log_time_ms.max(now_ms);
@@ -122,7 +124,6 @@ pub(crate) fn rewrite(
         file,
         map,
         state: loaded,
-        purged,
         replaced_bytes,
         replaced_segments: replaced.into_iter().map(|(id, _)| id).collect(),
     })

@@ -87,6 +87,7 @@ impl Store {
         // nothing (no close-time snapshot above all) pairs the old layout
         // with the new files.
         let switch_started = Instant::now();
+        let purged;
         {
             let mut writer = self.writer.lock();
             writer.pending.forget_delta();
@@ -112,7 +113,7 @@ impl Store {
                 Some(to)
             });
             let log_time_ms = index.log_time_ms;
-            index.purge_expired(log_time_ms);
+            purged = index.purge_expired(log_time_ms);
             self.maps
                 .insert(base_id, Arc::clone(&rewritten.file), rewritten.map.clone());
             self.maps.remove_below(base_id);
@@ -139,14 +140,13 @@ impl Store {
         };
         finish().inspect_err(|e| self.poison("compaction failed after its switch", e))?;
 
-        let base_bytes = rewritten
-            .file
-            .len()
-            .map_err(|e| Error::io("stat", &base_path, e))?;
+        // Mapped whole (`compaction::rewrite`): no stat that could fail
+        // a compaction already done.
+        let base_bytes = rewritten.map.len() as u64;
         Ok(CompactionReport {
-            seen_ids_dropped: rewritten.purged.seen_ids,
-            batch_ids_dropped: rewritten.purged.batch_ids,
-            tombstones_dropped: rewritten.purged.tombstones,
+            seen_ids_dropped: purged.seen_ids,
+            batch_ids_dropped: purged.batch_ids,
+            tombstones_dropped: purged.tombstones,
             segments_replaced: rewritten.replaced_segments.len() as u64,
             dead_bytes: rewritten.replaced_bytes.saturating_sub(base_bytes),
             bytes_before,
@@ -381,8 +381,12 @@ impl Store {
     fn remove_snapshot(&self) -> Result<()> {
         let path = self.dir.join(SNAPSHOT_FILE);
         match self.options.storage.remove_file(&path) {
+            // Also when there is none: an earlier compaction that removed
+            // it may have failed at the directory sync that made the
+            // removal durable, and the rename that follows must not reach
+            // the disk before it.
             Ok(()) => self.sync_dir(),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => self.sync_dir(),
             Err(e) => Err(Error::io("remove", path, e)),
         }
     }

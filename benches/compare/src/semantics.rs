@@ -56,7 +56,7 @@ pub fn payload_hash(d: &Delivery) -> u64 {
         Op::Add(_) => (3, b""),
         Op::Malformed { reason } => (4, reason.as_bytes()),
     };
-    let seed = d.seq ^ tag.rotate_right(8);
+    let seed = xxh3_64_with_seed(&d.seq.to_le_bytes(), tag);
     let head = xxh3_64_with_seed(&d.key, seed);
     match &d.op {
         Op::Add(delta) => xxh3_64_with_seed(&delta.to_le_bytes(), head),
