@@ -250,6 +250,9 @@ fn walk(
                 }
                 Some((s, offset)) if o.id == s => {
                     from = offset;
+                    // The snapshot's install synced the log up to its
+                    // position first: no frame needs to claim that.
+                    segment.synced_to = offset;
                     replay(
                         &mut MapWalk::new(o.file.as_ref(), &o.map),
                         o.id,
@@ -379,7 +382,7 @@ fn replay(
             }
         }
         *records += 1;
-        *synced_to = u64::from(record.synced_to);
+        *synced_to = (*synced_to).max(u64::from(record.synced_to));
         walked.passed(reader.position() as usize);
     }
     if kind == FileKind::Base && loader.end().is_none() {

@@ -1315,6 +1315,49 @@ fn a_snapshot_unread_or_rejected_when_open_cuts_the_log_is_removed() {
     assert!(store.get("Bk009").expect("get").is_some());
 }
 
+/// The log up to a snapshot's position was synced before the snapshot was
+/// installed, so an open from a snapshot that covers the whole log writes
+/// nothing back: before, no frame after the snapshot claimed those bytes
+/// synced, and every open rewrote the newest segment whole and synced it
+/// (a store that a close left with a snapshot paid that on every open).
+#[test]
+fn an_open_from_a_snapshot_of_the_whole_log_rewrites_nothing() {
+    for durability in [Durability::Sync, Durability::Buffered] {
+        let storage = FaultyStorage::new();
+        let options = || {
+            options(&storage)
+                .durability(durability)
+                .segment_bytes_max(1 << 20)
+                .snapshot_log_bytes(None)
+        };
+        let store = Store::open(dir(), options()).expect("open");
+        for b in &workload() {
+            store.apply_batch(b).expect("apply");
+        }
+        store.snapshot().expect("snapshot");
+        let state = snap(&store);
+        store.close().expect("close");
+
+        for round in 0..2 {
+            let what = format!("{durability:?}, open {round}");
+            let from = storage.ops().len();
+            let store = Store::open(dir(), options()).expect("reopen");
+            assert!(store.stats().opened_from_snapshot, "{what}");
+            let writes: Vec<_> = storage.ops()[from..]
+                .iter()
+                .filter(|o| o.kind == OpKind::Write)
+                .map(|o| (o.path.clone(), o.offset, o.bytes))
+                .collect();
+            assert_eq!(writes, [], "{what}: open writes nothing back");
+            assert_eq!(snap(&store), state, "{what}");
+            drop(store);
+            let image = storage.crash_image(CrashPolicy::PowerLoss);
+            let store = Store::open(dir(), options().storage(Arc::new(image))).expect("open image");
+            assert_eq!(snap(&store), state, "{what}: after a power loss");
+        }
+    }
+}
+
 /// A store directory that open creates is durable only once its parent is
 /// synced: open syncs the parent of each directory it made (POSIX promises
 /// no more; without it, a power loss could take the directory and every
