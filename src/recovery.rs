@@ -33,7 +33,8 @@ use crate::format::state::StateEnd;
 use crate::index::Index;
 use crate::index::expiry::Ttls;
 use crate::log::names::{
-    SNAPSHOT_FILE, SYNC_FAILED_FILE, TMP_SUFFIX, parse_segment_file_name, segment_file_name,
+    SNAPSHOT_FILE, SYNC_FAILED_FILE, TMP_SUFFIX, is_own_temporary, parse_segment_file_name,
+    segment_file_name,
 };
 use crate::log::reader::{SegmentReader, data_end};
 use crate::state_file::{LoadError, StateLoader};
@@ -786,7 +787,7 @@ fn remove_leftovers(storage: &dyn Storage, dir: &Path) -> Result<()> {
     let names = storage
         .list_dir(dir)
         .map_err(|e| Error::io("list", dir, e))?;
-    for name in names.iter().filter(|n| n.ends_with(TMP_SUFFIX)) {
+    for name in names.iter().filter(|n| is_own_temporary(n)) {
         let path = dir.join(name);
         storage
             .remove_file(&path)

@@ -1276,3 +1276,110 @@ fn verify_names_file_and_offset_of_a_flipped_byte_and_repair_salvages() {
     assert_eq!(scan(&store), scan(&clean));
     assert_eq!(digest(&store), digest(&clean));
 }
+
+/// Every command but `ingest` needs an existing store: a directory that is
+/// not one (a mistyped `--store`) is refused and left exactly as it was,
+/// since opening it would make it a store and delete its `.tmp` files.
+#[test]
+fn commands_other_than_ingest_refuse_a_directory_that_is_no_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let other = dir.path().join("reports");
+    fs::create_dir(&other).unwrap();
+    fs::write(other.join("report.tmp"), "precious").unwrap();
+    fs::write(other.join("0000000001.seg.tmp"), "also not ours to delete").unwrap();
+    let listing = |path: &Path| {
+        let mut names: Vec<(String, Vec<u8>)> = fs::read_dir(path)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    fs::read(e.path()).unwrap(),
+                )
+            })
+            .collect();
+        names.sort();
+        names
+    };
+    let before = listing(&other);
+    let file = dir.path().join("a-file");
+    fs::write(&file, "x").unwrap();
+    let commands: [&[&str]; 10] = [
+        &["get", "k"],
+        &["scan"],
+        &["digest"],
+        &["checkpoint", "src"],
+        &["log"],
+        &["stats"],
+        &["quarantine"],
+        &["verify"],
+        &["compact"],
+        &["repair"],
+    ];
+    for command in commands {
+        let with_store = |store: &Path| {
+            let mut args = vec![command[0], "--store", s(store)];
+            args.extend_from_slice(&command[1..]);
+            fails(&args)
+        };
+        let stderr = with_store(&other);
+        assert!(
+            stderr.contains("is not an idemkv store"),
+            "{command:?}: {stderr}"
+        );
+        assert_eq!(
+            listing(&other),
+            before,
+            "{command:?} left the directory as it was"
+        );
+        let stderr = with_store(&file);
+        assert!(
+            stderr.contains("is not a directory"),
+            "{command:?}: {stderr}"
+        );
+    }
+}
+
+/// An inspection that opens a crashed store cuts its torn final record, and
+/// one that finds a damaged snapshot replays the log instead: both change
+/// the files, so both say so on stderr, and the command still succeeds.
+#[test]
+fn an_inspection_says_what_its_open_recovered_from() {
+    let dir = tempdir();
+    let store = dir.path().join("s");
+    let input = dir.path().join("in.ndjson");
+    write_lines(&input, &lines_with(&[]));
+    ok(&["ingest", "--store", s(&store), s(&input)]);
+    let digest = ok(&["digest", "--store", s(&store)]);
+
+    let segment = fs::read_dir(&store)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .max()
+        .expect("a segment");
+    let len = fs::metadata(&segment).unwrap().len();
+    let file = OpenOptions::new().write(true).open(&segment).unwrap();
+    // The last record loses its last byte: the crash tore it.
+    file.set_len(len - 1).unwrap();
+    drop(file);
+    let out = idemkv(&["digest", "--store", s(&store)]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("torn final record"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_ne!(text(&out.stdout), digest, "the torn batch is gone");
+    let out = idemkv(&["digest", "--store", s(&store)]);
+    assert_eq!(text(&out.stderr), "", "nothing left to recover from");
+
+    fs::write(store.join("SNAPSHOT"), b"not a snapshot").unwrap();
+    let out = idemkv(&["digest", "--store", s(&store)]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("did not use the snapshot"),
+        "{}",
+        text(&out.stderr)
+    );
+}

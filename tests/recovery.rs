@@ -884,3 +884,35 @@ fn verify_and_repair_of_a_missing_directory_fail_and_create_nothing() {
     }
     assert!(!missing.exists(), "nothing was created");
 }
+
+/// Open and repair delete the temporaries an interrupted compaction,
+/// snapshot or cut left (`NNNNNNNNNN.seg.tmp`, `SNAPSHOT.tmp`), and no other
+/// file: a `.tmp` of someone else's in the directory is not the store's.
+#[test]
+fn open_and_repair_remove_only_the_stores_own_temporaries() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), &Options::default());
+    store
+        .apply_batch(&Batch::new("B1").put("e1", "k", 1, "v"))
+        .unwrap();
+    store.close().unwrap();
+    for name in [
+        "0000000002.seg.tmp",
+        "SNAPSHOT.tmp",
+        "report.tmp",
+        "12.seg.tmp",
+    ] {
+        fs::write(dir.path().join(name), "left behind").unwrap();
+    }
+    let exists = |name: &str| dir.path().join(name).exists();
+    drop(open(dir.path(), &Options::default()));
+    assert!(!exists("0000000002.seg.tmp") && !exists("SNAPSHOT.tmp"));
+    assert!(exists("report.tmp") && exists("12.seg.tmp"));
+
+    fs::write(dir.path().join("SNAPSHOT.tmp"), "left behind").unwrap();
+    Store::repair(dir.path(), Options::default()).unwrap();
+    assert!(!exists("SNAPSHOT.tmp"));
+    assert!(exists("report.tmp") && exists("12.seg.tmp"));
+    let store = open(dir.path(), &Options::default());
+    assert_eq!(&store.get("k").unwrap().unwrap().value[..], b"v");
+}

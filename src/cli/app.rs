@@ -2,7 +2,7 @@
 //! outcome to an exit code (0 success, 1 a failure the message names, 2 usage).
 
 use std::ffi::OsString;
-use std::io::{IsTerminal, Write};
+use std::io::{self, IsTerminal, Write};
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -18,6 +18,7 @@ use crate::cli::ingest::{BATCH_BYTES_MAX, Follow, IngestOptions, IngestSummary, 
 use crate::cli::ndjson::FieldMapping;
 use crate::cli::render::{counts_object, counts_text, json_line};
 use crate::cli::{UsageError, demo, inspect, maintain};
+use crate::log::names::{LOCK_FILE, parse_segment_file_name};
 use crate::{Durability, OnConflict, Options, Store};
 
 /// Runs `idemkv` with the process's arguments; returns the exit code.
@@ -114,17 +115,56 @@ fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<()> {
     }
 }
 
+/// Refuses a path that is not a store's directory. Opening a directory
+/// makes it a store (segment 1, `LOCK`, its own temporaries removed), which
+/// only `ingest` may do: a mistyped `--store` must not turn a directory of
+/// other files into an empty store that answers "not found".
 fn require_store_dir(dir: &Path) -> anyhow::Result<()> {
-    if !dir.is_dir() {
-        bail!("store {} does not exist", dir.display());
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            bail!("store {} does not exist", dir.display())
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotADirectory => {
+            bail!("store {} is not a directory", dir.display())
+        }
+        Err(e) => bail!("cannot read store {}: {e}", dir.display()),
+    };
+    let is_store = entries.filter_map(Result::ok).any(|entry| {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        name == LOCK_FILE || parse_segment_file_name(&name).is_some()
+    });
+    if !is_store {
+        bail!(
+            "{} is not an idemkv store: it holds no segment file and no {LOCK_FILE}",
+            dir.display()
+        );
     }
     Ok(())
 }
 
-/// Opens a store that must already exist (inspection never creates one).
+/// Opens a store that must already exist (inspection never creates one),
+/// saying on stderr what the open recovered from, since it changes the
+/// files: a torn final record cut, a snapshot it could not use.
 fn open_existing(dir: &Path) -> anyhow::Result<Store> {
     require_store_dir(dir)?;
-    Ok(Store::open(dir, Options::default())?)
+    let store = Store::open(dir, Options::default())?;
+    let stats = store.stats();
+    if stats.torn_bytes_discarded > 0 {
+        eprintln!(
+            "idemkv: {}: discarded a torn final record ({} bytes), as after a crash",
+            dir.display(),
+            stats.torn_bytes_discarded
+        );
+    }
+    if let Some(reason) = &stats.snapshot_rejected {
+        eprintln!(
+            "idemkv: {}: did not use the snapshot ({reason}); replayed the log",
+            dir.display()
+        );
+    }
+    Ok(store)
 }
 
 fn mapping_of(args: MappingArgs) -> FieldMapping {

@@ -28,6 +28,14 @@ pub(crate) fn parse_segment_file_name(name: &str) -> Option<u32> {
     digits.parse().ok().filter(|&id| id > 0)
 }
 
+/// Whether `name` is a temporary file the store writes (a segment's copy
+/// or a base being built, `SNAPSHOT.tmp`): what open and repair may delete.
+/// Other `.tmp` files in the directory are not the store's to touch.
+pub(crate) fn is_own_temporary(name: &str) -> bool {
+    name.strip_suffix(TMP_SUFFIX)
+        .is_some_and(|stem| stem == SNAPSHOT_FILE || parse_segment_file_name(stem).is_some())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -51,5 +59,21 @@ mod tests {
             assert_eq!(parse_segment_file_name(bad), None, "{bad}");
         }
         assert!(segment_file_name(9) < segment_file_name(10));
+    }
+
+    #[test]
+    fn only_the_stores_own_temporaries_are_its_own() {
+        for own in ["0000000012.seg.tmp", "SNAPSHOT.tmp"] {
+            assert!(is_own_temporary(own), "{own}");
+        }
+        for other in [
+            "report.tmp",
+            "12.seg.tmp",
+            "SNAPSHOT",
+            "0000000012.seg",
+            ".tmp",
+        ] {
+            assert!(!is_own_temporary(other), "{other}");
+        }
     }
 }
