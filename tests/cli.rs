@@ -1246,6 +1246,12 @@ fn the_sample_file_and_the_demo_tell_the_story() {
         "{demo}"
     );
     assert!(demo.contains("replayed"), "{demo}");
+    // The crash is simulated, not just told: batch 3 is torn and dropped.
+    assert!(
+        demo.contains("crash midway through writing batch 3"),
+        "{demo}"
+    );
+    assert!(demo.contains("the torn batch is gone"), "{demo}");
     assert!(demo.lines().count() <= 30, "{demo}");
 }
 

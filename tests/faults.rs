@@ -1358,6 +1358,64 @@ fn an_open_from_a_snapshot_of_the_whole_log_rewrites_nothing() {
     }
 }
 
+/// Under `Buffered` a clean close, or a drop, syncs the log: the batches
+/// written before it survive a power loss after it.
+#[test]
+fn a_buffered_close_or_drop_makes_every_batch_durable() {
+    for close in [true, false] {
+        let storage = FaultyStorage::new();
+        let options = || {
+            options(&storage)
+                .durability(Durability::Buffered)
+                .snapshot_log_bytes(None)
+        };
+        let store = Store::open(dir(), options()).expect("open");
+        let batches = workload();
+        for b in &batches {
+            store.apply_batch(b).expect("apply");
+        }
+        let state = snap(&store);
+        if close {
+            store.close().expect("close");
+        } else {
+            drop(store);
+        }
+        let image = storage.crash_image(CrashPolicy::PowerLoss);
+        let store = Store::open(dir(), options().storage(Arc::new(image))).expect("open image");
+        assert_eq!(snap(&store), state, "close {close}: after a power loss");
+    }
+}
+
+/// A caller whose batch a sync covered and published gets `Ok`, also when
+/// another writer's failed append poisoned the store while that sync ran:
+/// an error would say nothing of the batch was applied, and readers see it.
+#[test]
+fn a_batch_its_sync_covered_succeeds_though_another_writer_poisoned_the_store() {
+    let storage = FaultyStorage::new();
+    let store = Store::open(dir(), options(&storage).zero_fill(false)).expect("open");
+    store
+        .apply_batch(&Batch::new("B0").put("e0", "k0", 1, "v"))
+        .expect("apply");
+    storage.pause_next(OpKind::SyncData);
+    std::thread::scope(|scope| {
+        let a = scope.spawn(|| store.apply_batch(&Batch::new("A").put("ea", "ka", 1, "va")));
+        storage
+            .wait_until_paused(std::time::Duration::from_secs(20))
+            .expect("A's commit sync is held");
+        storage.inject(Fault::new(OpKind::Write, FaultError::Io));
+        let b = store.apply_batch(&Batch::new("B").put("eb", "kb", 1, "vb"));
+        assert!(b.is_err(), "B's append failed: {b:?}");
+        storage.resume();
+        let a = a.join().expect("A's thread");
+        assert!(a.is_ok(), "A's sync succeeded: {a:?}");
+    });
+    assert!(store.get("ka").expect("get").is_some());
+    assert!(matches!(
+        store.apply_batch(&Batch::new("C").put("ec", "kc", 1, "vc")),
+        Err(Error::Poisoned { .. })
+    ));
+}
+
 /// A store directory that open creates is durable only once its parent is
 /// synced: open syncs the parent of each directory it made (POSIX promises
 /// no more; without it, a power loss could take the directory and every

@@ -162,13 +162,16 @@ impl GroupCommit {
     pub(crate) fn wait_durable(&self, lsn: u64, hooks: &dyn SyncHooks) -> Result<()> {
         let mut s = self.state.lock();
         loop {
+            // Durable first: a sync that covered `lsn` succeeded and its
+            // batch was published, even if another writer's failure
+            // poisoned the store meanwhile.
+            if s.durable >= lsn {
+                return Ok(());
+            }
             if let Some(reason) = &s.poisoned {
                 return Err(Error::Poisoned {
                     reason: reason.clone(),
                 });
-            }
-            if s.durable >= lsn {
-                return Ok(());
             }
             if s.is_syncing || s.synced >= lsn {
                 // A sync is running, or one covered `lsn` and its syncer is
