@@ -103,17 +103,31 @@ impl<'a> SegmentReader<'a> {
         decode_frame(self.map.get(at..)?, self.segment_id, offset)
     }
 
-    /// Whether a valid frame after `at` says the segment was synced past
-    /// `at`. A frame holds bytes other than zero, so none starts at or
-    /// after `data_end`.
-    fn is_synced_past(&self, at: usize, data_end: usize) -> bool {
+    /// Whether a valid frame starting at `from` or later says the segment
+    /// was synced past `at`. A frame holds bytes other than zero, so none
+    /// starts at or after `data_end`.
+    fn is_synced_past(&self, at: usize, from: usize, data_end: usize) -> bool {
         let last = self.map.len().saturating_sub(FRAME_HEADER_LEN);
-        (at + 1..=last.min(data_end))
+        (from..=last.min(data_end))
             .filter_map(|p| self.frame_at(p))
             .any(|f| f.synced_to as usize > at)
     }
 
+    /// The bad record at `pos`, whose frame does not say where it ends.
     fn bad(&mut self, reason: &'static str, may_be_tail: bool) -> BadRecord {
+        self.bad_before(reason, may_be_tail, self.pos + 1)
+    }
+
+    /// The bad record at `pos`, after which the next real frame starts at
+    /// `next_from` or later. After a valid frame that is the record's end:
+    /// its body is the caller's bytes, which may hold what looks like a
+    /// frame, and whose `synced_to` would make a torn tail corruption.
+    fn bad_before(
+        &mut self,
+        reason: &'static str,
+        may_be_tail: bool,
+        next_from: usize,
+    ) -> BadRecord {
         self.done = true;
         let data_end = data_end(self.map, self.pos);
         if may_be_tail && data_end == self.pos {
@@ -127,7 +141,7 @@ impl<'a> SegmentReader<'a> {
         BadRecord {
             offset: self.pos as u64,
             reason,
-            is_tail: may_be_tail && !self.is_synced_past(self.pos, data_end),
+            is_tail: may_be_tail && !self.is_synced_past(self.pos, next_from, data_end),
             is_zeroed: false,
         }
     }
@@ -159,7 +173,12 @@ impl<'a> Iterator for SegmentReader<'a> {
             }));
         };
         if crc32fast::hash(body) != frame.body_crc {
-            return Some(Err(self.bad("record body checksum mismatch", true)));
+            let end = body_at + body_len;
+            return Some(Err(self.bad_before(
+                "record body checksum mismatch",
+                true,
+                end,
+            )));
         }
         if !(KIND_BATCH..=KIND_END).contains(&frame.kind) {
             return Some(Err(self.bad("unknown record kind", false)));
@@ -238,6 +257,28 @@ mod tests {
         assert!(
             bad.is_some_and(|b| !b.is_tail),
             "record 3 says record 2 was synced"
+        );
+    }
+
+    #[test]
+    fn a_frame_inside_a_torn_records_body_claims_nothing() {
+        // The last record's body (caller bytes) holds a well-formed frame
+        // at its own offset, claiming the segment synced past the record;
+        // the record is then torn. Its valid frame says where it ends, so
+        // only frames after that count: it is a torn tail.
+        let (mut map, starts) = segment([32, 32, 32]);
+        let fake_at = starts[2] + FRAME_HEADER_LEN + 4;
+        let mut fake = [0u8; FRAME_HEADER_LEN];
+        let offset = u32::try_from(fake_at).unwrap();
+        encode_frame(&mut fake, KIND_BATCH, b"", 1, offset, offset);
+        map[fake_at..fake_at + FRAME_HEADER_LEN].copy_from_slice(&fake);
+        let last = map.len() - 1;
+        map[last] ^= 0xff;
+        let (good, bad) = outcome(&map);
+        assert_eq!(good, 2);
+        assert!(
+            bad.is_some_and(|b| b.is_tail && b.offset == starts[2] as u64),
+            "a torn tail, not corruption"
         );
     }
 
