@@ -1388,4 +1388,15 @@ fn an_inspection_says_what_its_open_recovered_from() {
         "{}",
         text(&out.stderr)
     );
+
+    // Repair of a whole log says that it moved the snapshot, and where.
+    fs::write(store.join("SNAPSHOT"), b"not a snapshot").unwrap();
+    let repaired = ok(&["repair", "--store", s(&store)]);
+    assert!(
+        repaired.contains("its snapshot did not fit it and was moved to"),
+        "{repaired}"
+    );
+    assert!(repaired.contains("(14 bytes)"), "{repaired}");
+    assert!(!store.join("SNAPSHOT").exists());
+    assert!(ok(&["repair", "--store", s(&store)]).contains("nothing to repair"));
 }

@@ -49,11 +49,21 @@ pub fn compact(store: &Store, out: &mut dyn Write) -> anyhow::Result<()> {
 pub fn repair(dir: &Path, out: &mut dyn Write) -> anyhow::Result<()> {
     let report = Store::repair(dir, Options::default())?;
     match report.first_bad {
-        None => writeln!(
-            out,
-            "nothing to repair: {} records kept",
-            report.records_kept
-        )?,
+        None => match &report.lost_found {
+            None => writeln!(
+                out,
+                "nothing to repair: {} records kept",
+                report.records_kept
+            )?,
+            // A whole log whose snapshot did not fit it: only that moved.
+            Some(lost_found) => writeln!(
+                out,
+                "the log is whole ({} records kept); its snapshot did not fit it and was moved to {} ({} bytes)",
+                report.records_kept,
+                lost_found.display(),
+                report.bytes_dropped
+            )?,
+        },
         Some((segment, offset)) => {
             writeln!(
                 out,
