@@ -11,7 +11,7 @@ use indicatif::ProgressBar;
 
 use crate::cli::ingest::{BATCH_BYTES_MAX, IngestOptions, IngestSummary, Input, ingest};
 use crate::cli::ndjson::{FieldMapping, parse_line};
-use crate::cli::render::{bytes_text, json_line, value_json};
+use crate::cli::render::{bytes_text, value_text};
 use crate::{Batch, BatchReport, Error, Options, Store};
 
 /// The sample file shipped in `examples/`, also used by the crash part.
@@ -166,7 +166,7 @@ fn story(dir: &Path, out: &mut dyn Write) -> anyhow::Result<()> {
             "  {:<20} {:>4}  {}",
             bytes_text(&key),
             record.seq,
-            json_line(&value_json(&record.value))
+            value_text(&record.value)
         )?;
     }
     Ok(())

@@ -5,12 +5,13 @@ use std::io::Write;
 use std::path::Path;
 
 use anyhow::{Context, bail};
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use crate::Store;
 use crate::cli::canonical::string_literal;
 use crate::cli::render::{
-    COUNT_NAMES, bytes_text, counts_object, json_line, row_json, row_text, utc_timestamp,
+    COUNT_NAMES, bytes_text, counts_object, insert_bytes, json_line, row_json, row_text,
+    utc_timestamp,
 };
 
 /// `get`: the row as JSON, or an error naming the absent key.
@@ -80,7 +81,7 @@ pub fn log(store: &Store, json: bool, out: &mut dyn Write) -> anyhow::Result<()>
     if json {
         for entry in &entries {
             let mut object = counts_object(&entry.report);
-            object.insert("batch_id".to_owned(), bytes_text(&entry.batch_id).into());
+            insert_bytes(&mut object, "batch_id", &entry.batch_id);
             object.insert("committed_ms".to_owned(), entry.committed_ms.into());
             writeln!(out, "{}", json_line(&Value::Object(object)))?;
         }
@@ -156,13 +157,12 @@ pub fn quarantine(store: &Store, json: bool, out: &mut dyn Write) -> anyhow::Res
     let entries = store.quarantine();
     for entry in &entries {
         if json {
-            let object = json!({
-                "batch_id": bytes_text(&entry.batch_id),
-                "index": entry.index,
-                "event_id": bytes_text(&entry.event_id),
-                "reason": entry.reason,
-            });
-            writeln!(out, "{}", json_line(&object))?;
+            let mut object = Map::new();
+            insert_bytes(&mut object, "batch_id", &entry.batch_id);
+            object.insert("index".to_owned(), entry.index.into());
+            insert_bytes(&mut object, "event_id", &entry.event_id);
+            object.insert("reason".to_owned(), entry.reason.clone().into());
+            writeln!(out, "{}", json_line(&Value::Object(object)))?;
         } else {
             writeln!(
                 out,
@@ -170,7 +170,7 @@ pub fn quarantine(store: &Store, json: bool, out: &mut dyn Write) -> anyhow::Res
                 bytes_text(&entry.batch_id),
                 entry.index,
                 bytes_text(&entry.event_id),
-                entry.reason
+                bytes_text(entry.reason.as_bytes())
             )?;
         }
     }

@@ -1,7 +1,7 @@
 //! How rows, reports and times are printed: JSON through `canonical` (so
 //! object keys come out sorted), text as aligned columns. Pure: no I/O.
 
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 use crate::cli::canonical::to_canonical;
 use crate::{BatchReport, Record};
@@ -18,37 +18,80 @@ pub const COUNT_NAMES: [&str; 8] = [
     "rejected",
 ];
 
-/// Caller bytes as text: UTF-8 when it is, `\xNN`-escaped otherwise.
+/// Caller bytes for a column of text output: UTF-8 characters as they
+/// are, except that a backslash, a control character (a tab or a newline
+/// would forge a column or a row) and each byte that is not UTF-8 are
+/// escaped, so that every backslash printed starts an escape.
 pub fn bytes_text(bytes: &[u8]) -> String {
+    let mut text = String::with_capacity(bytes.len());
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            if c == '\\' || c.is_control() {
+                text.extend(c.escape_default());
+            } else {
+                text.push(c);
+            }
+        }
+        for byte in chunk.invalid() {
+            text.push_str(&format!("\\x{byte:02x}"));
+        }
+    }
+    text
+}
+
+/// Puts caller bytes into a JSON object as `name`, a string, when they are
+/// UTF-8, and otherwise as `<name>_hex`, so that no string stands for two
+/// byte strings.
+pub fn insert_bytes(object: &mut Map<String, Value>, name: &str, bytes: &[u8]) {
     match std::str::from_utf8(bytes) {
-        Ok(text) => text.to_owned(),
-        Err(_) => bytes.escape_ascii().to_string(),
+        Ok(text) => object.insert(name.to_owned(), text.into()),
+        Err(_) => object.insert(format!("{name}_hex"), hex(bytes).into()),
+    };
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Puts a stored value into a JSON object: as `value` when it is JSON text
+/// (puts from NDJSON, counters), otherwise as `value_text` (UTF-8) or
+/// `value_hex`, so that a value that is not JSON never reads as one.
+pub fn insert_value(object: &mut Map<String, Value>, bytes: &[u8]) {
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(value) => object.insert("value".to_owned(), value),
+        Err(_) => match std::str::from_utf8(bytes) {
+            Ok(text) => object.insert("value_text".to_owned(), text.into()),
+            Err(_) => object.insert("value_hex".to_owned(), hex(bytes).into()),
+        },
+    };
+}
+
+/// `{"key":..,"seq":..,"value":..}` on one line (see `insert_bytes` and
+/// `insert_value` for keys and values that are not UTF-8 or not JSON).
+pub fn row_json(key: &[u8], record: &Record) -> String {
+    let mut row = Map::new();
+    insert_bytes(&mut row, "key", key);
+    row.insert("seq".to_owned(), record.seq.into());
+    insert_value(&mut row, &record.value);
+    json_line(&Value::Object(row))
+}
+
+/// A stored value as text: its canonical JSON when it is JSON, otherwise
+/// its bytes as `bytes_text` prints them.
+pub fn value_text(bytes: &[u8]) -> String {
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(value) => json_line(&value),
+        Err(_) => bytes_text(bytes),
     }
 }
 
-/// A stored value as JSON: itself when it is JSON text (puts from NDJSON,
-/// counters), otherwise a JSON string of its text.
-pub fn value_json(bytes: &[u8]) -> Value {
-    serde_json::from_slice(bytes).unwrap_or_else(|_| Value::String(bytes_text(bytes)))
-}
-
-/// `{"key":..,"seq":..,"value":..}` on one line.
-pub fn row_json(key: &[u8], record: &Record) -> String {
-    let row = json!({
-        "key": bytes_text(key),
-        "seq": record.seq,
-        "value": value_json(&record.value),
-    });
-    json_line(&row)
-}
-
-/// `key<TAB>seq<TAB>value`, the value as canonical JSON.
+/// `key<TAB>seq<TAB>value`.
 pub fn row_text(key: &[u8], record: &Record) -> String {
     format!(
         "{}\t{}\t{}",
         bytes_text(key),
         record.seq,
-        json_line(&value_json(&record.value))
+        value_text(&record.value)
     )
 }
 
@@ -126,14 +169,43 @@ mod tests {
             row_json(b"O1001/1", &put),
             r#"{"key":"O1001/1","seq":201,"value":{"amount_cents":1998,"qty":2}}"#
         );
+        let text = Record {
+            seq: 1,
+            value: bytes::Bytes::from_static(b"hello"),
+        };
+        assert_eq!(
+            row_json(b"k", &text),
+            r#"{"key":"k","seq":1,"value_text":"hello"}"#
+        );
         let raw = Record {
             seq: 1,
             value: bytes::Bytes::from_static(b"not json\xff"),
         };
         assert_eq!(
-            row_json(b"k", &raw),
-            r#"{"key":"k","seq":1,"value":"not json\\xff"}"#
+            row_json(b"k\xff", &raw),
+            r#"{"key_hex":"6bff","seq":1,"value_hex":"6e6f74206a736f6eff"}"#
         );
+        // A JSON string value and a key that spells an escape stay apart.
+        let string = Record {
+            seq: 1,
+            value: bytes::Bytes::from_static(br#""hello""#),
+        };
+        assert_eq!(
+            row_json(br"\xff", &string),
+            r#"{"key":"\\xff","seq":1,"value":"hello"}"#
+        );
+    }
+
+    #[test]
+    fn text_columns_escape_what_could_forge_a_column_or_a_row() {
+        assert_eq!(bytes_text("O1001/1 é".as_bytes()), "O1001/1 é");
+        assert_eq!(bytes_text(b"a\tb\nc\\d\xff"), r"a\tb\nc\\d\xff");
+        assert_ne!(bytes_text(b"\xff"), bytes_text(br"\xff"));
+        let row = Record {
+            seq: 2,
+            value: bytes::Bytes::from_static(b"line\nbreak"),
+        };
+        assert_eq!(row_text(b"k\t1", &row), "k\\t1\t2\tline\\nbreak");
     }
 
     #[test]
