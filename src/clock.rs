@@ -42,15 +42,34 @@ impl ManualClock {
         self.now_ms.store(now_ms, Ordering::SeqCst);
     }
 
-    /// Moves the reading forward.
+    /// Moves the reading forward, by whole milliseconds, up to `u64::MAX`
+    /// (never around to the past).
     pub fn advance(&self, by: std::time::Duration) {
         let by_ms = u64::try_from(by.as_millis()).unwrap_or(u64::MAX);
-        self.now_ms.fetch_add(by_ms, Ordering::SeqCst);
+        let _ = self
+            .now_ms
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |now| {
+                Some(now.saturating_add(by_ms))
+            });
     }
 }
 
 impl Clock for ManualClock {
     fn now_ms(&self) -> u64 {
         self.now_ms.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_manual_clock_advanced_past_the_end_stops_there() {
+        let clock = ManualClock::new(1_000);
+        clock.advance(std::time::Duration::from_millis(5));
+        assert_eq!(clock.now_ms(), 1_005);
+        clock.advance(std::time::Duration::MAX);
+        assert_eq!(clock.now_ms(), u64::MAX);
     }
 }

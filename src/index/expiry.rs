@@ -16,8 +16,10 @@ pub(crate) struct Ttls {
     pub tombstone_ms: Option<u64>,
 }
 
+/// A TTL in whole milliseconds, rounded up: an entry may expire after its
+/// TTL, never before (a TTL of 0.6 ms rounded down would be none at all).
 fn millis(ttl: Option<Duration>) -> Option<u64> {
-    ttl.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    ttl.map(|d| u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX))
 }
 
 impl Ttls {
@@ -67,5 +69,17 @@ mod tests {
         // Rounding a stamp to seconds only ever delays expiry.
         let stamp = secs_to_ms(to_secs_ceil(1_500));
         assert!(stamp >= 1_500 && !is_expired(stamp, Some(1_000), 2_500));
+    }
+
+    #[test]
+    fn ttls_round_up_to_whole_milliseconds() {
+        let ms = |d: Duration| Ttls::new(Some(d), None, None).seen_ms;
+        assert_eq!(ms(Duration::from_micros(600)), Some(1));
+        assert_eq!(ms(Duration::from_micros(1_500)), Some(2));
+        assert_eq!(ms(Duration::from_millis(7)), Some(7));
+        assert_eq!(ms(Duration::ZERO), Some(0));
+        assert_eq!(ms(Duration::MAX), Some(u64::MAX));
+        // An id stamped at 1,000 ms with a 0.6 ms TTL counts in its own ms.
+        assert!(!is_expired(1_000, ms(Duration::from_micros(600)), 1_000));
     }
 }
