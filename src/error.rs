@@ -56,6 +56,19 @@ pub enum Error {
         reason: String,
     },
 
+    /// A file of the store was written in a newer format than this build
+    /// reads. Its files are left as they are: open it with the idemkv that
+    /// wrote it.
+    #[error(
+        "{} has format version {version}; this idemkv reads version {supported}: use the idemkv that wrote it",
+        .path.display()
+    )]
+    UnsupportedFormat {
+        path: PathBuf,
+        version: u32,
+        supported: u32,
+    },
+
     /// Another writer holds the directory's lock.
     #[error("store {dir} is locked by another writer")]
     Locked { dir: PathBuf },

@@ -25,9 +25,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::error::{Error, Result};
+use crate::format::FORMAT_VERSION;
 use crate::format::record::{KIND_BATCH, decode_batch};
 use crate::format::segment::{
     FileKind, SEGMENT_HEADER_LEN, decode_segment_header, encode_segment_header,
+    newer_format_version,
 };
 use crate::format::state::StateEnd;
 use crate::index::Index;
@@ -170,6 +172,13 @@ fn open_segments(
             .open(&path, mode)
             .map_err(|e| Error::io("open", &path, e))?;
         let map = file.map(0).map_err(|e| Error::io("map", &path, e))?;
+        if let Some(version) = newer_format_version(&map) {
+            return Err(Error::UnsupportedFormat {
+                path,
+                version,
+                supported: FORMAT_VERSION,
+            });
+        }
         let kind = decode_segment_header(&map, id);
         opened.push(Opened {
             id,

@@ -916,3 +916,49 @@ fn open_and_repair_remove_only_the_stores_own_temporaries() {
     let store = open(dir.path(), &Options::default());
     assert_eq!(&store.get("k").unwrap().unwrap().value[..], b"v");
 }
+
+/// A store written in a newer format is refused by open, verify and repair
+/// with `UnsupportedFormat`, naming the file and both versions; repair moves
+/// nothing into `lost+found`, since the files are not damaged.
+#[test]
+fn a_store_of_a_newer_format_is_refused_and_left_as_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), &Options::default());
+    store
+        .apply_batch(&Batch::new("B1").put("e1", "k", 1, "v"))
+        .unwrap();
+    store.close().unwrap();
+    let segment = dir.path().join("0000000001.seg");
+    let mut bytes = fs::read(&segment).unwrap();
+    let version = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
+    bytes[8..12].copy_from_slice(&(version + 1).to_le_bytes());
+    let crc = crc32fast::hash(&bytes[..24]);
+    bytes[24..28].copy_from_slice(&crc.to_le_bytes());
+    fs::write(&segment, &bytes).unwrap();
+
+    let refused = |result: Result<(), Error>, what: &str| match result {
+        Err(Error::UnsupportedFormat {
+            path,
+            version: found,
+            supported,
+        }) => {
+            assert_eq!(path, segment, "{what}");
+            assert_eq!((found, supported), (version + 1, version), "{what}");
+        }
+        other => panic!("{what}: expected UnsupportedFormat, got {other:?}"),
+    };
+    refused(
+        Store::open(dir.path(), Options::default()).map(drop),
+        "open",
+    );
+    refused(
+        Store::verify_dir(dir.path(), &Options::default()).map(drop),
+        "verify",
+    );
+    refused(
+        Store::repair(dir.path(), Options::default()).map(drop),
+        "repair",
+    );
+    assert_eq!(fs::read(&segment).unwrap(), bytes);
+    assert!(!dir.path().join("lost+found").exists());
+}

@@ -70,6 +70,17 @@ pub(crate) fn encode_segment_header(segment_id: u32, kind: FileKind) -> [u8; SEG
     h
 }
 
+/// The format version of a whole, intact header (magic and checksum hold)
+/// when it is newer than this build's: the file was written by a later
+/// idemkv, and is not damage to repair.
+pub(crate) fn newer_format_version(buf: &[u8]) -> Option<u32> {
+    let h = buf.get(..SEGMENT_HEADER_LEN)?;
+    let is_intact = h.get(MAGIC_AT..MAGIC_AT + 8) == Some(&SEGMENT_MAGIC[..])
+        && u32_at(h, HEADER_CRC_AT) == crc32fast::hash(&h[..HEADER_CRC_AT]);
+    let version = u32_at(h, VERSION_AT);
+    (is_intact && version > FORMAT_VERSION).then_some(version)
+}
+
 /// Checks a segment header; returns the file's kind, or why it is not a
 /// valid header of `segment_id`.
 pub(crate) fn decode_segment_header(buf: &[u8], segment_id: u32) -> Result<FileKind, &'static str> {
