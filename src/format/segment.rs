@@ -76,7 +76,7 @@ pub(crate) fn encode_segment_header(segment_id: u32, kind: FileKind) -> [u8; SEG
 pub(crate) fn newer_format_version(buf: &[u8]) -> Option<u32> {
     let h = buf.get(..SEGMENT_HEADER_LEN)?;
     let is_intact = h.get(MAGIC_AT..MAGIC_AT + 8) == Some(&SEGMENT_MAGIC[..])
-        && u32_at(h, HEADER_CRC_AT) == crc32fast::hash(&h[..HEADER_CRC_AT]);
+        && Some(u32_at(h, HEADER_CRC_AT)) == h.get(..HEADER_CRC_AT).map(crc32fast::hash);
     let version = u32_at(h, VERSION_AT);
     (is_intact && version > FORMAT_VERSION).then_some(version)
 }
