@@ -243,9 +243,12 @@ pub struct BatchReport {
 }
 
 impl BatchReport {
-    /// The sum of the eight counts: the number of deliveries the report covers.
+    /// The sum of the eight counts: the number of deliveries the report
+    /// covers (saturating at `u64::MAX`, which no store's report reaches).
     pub fn deliveries(&self) -> u64 {
-        self.counts().iter().sum()
+        self.counts()
+            .iter()
+            .fold(0, |sum, &n| sum.saturating_add(n))
     }
 
     /// The eight counts in declaration order.
@@ -287,11 +290,12 @@ impl BatchReport {
         }
     }
 
-    /// Adds another report's counts to this one (for running totals).
+    /// Adds another report's counts to this one (for running totals),
+    /// each saturating at `u64::MAX`.
     pub fn accumulate(&mut self, other: &BatchReport) {
         let mut counts = self.counts();
         for (total, part) in counts.iter_mut().zip(other.counts()) {
-            *total += part;
+            *total = total.saturating_add(part);
         }
         let replayed = self.replayed;
         *self = Self::from_counts(counts);
@@ -315,6 +319,15 @@ pub struct QuarantineEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn report_sums_saturate_instead_of_panicking() {
+        let full = BatchReport::from_counts([u64::MAX, 1, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(full.deliveries(), u64::MAX);
+        let mut total = BatchReport::from_counts([u64::MAX - 1, 0, 0, 0, 0, 0, 0, 0]);
+        total.accumulate(&BatchReport::from_counts([5, 2, 0, 0, 0, 0, 0, 0]));
+        assert_eq!(total.counts()[..2], [u64::MAX, 2]);
+    }
 
     #[test]
     fn many_sources_keep_the_order_they_were_first_set_in_and_their_last_position() {

@@ -42,8 +42,9 @@ impl ManualClock {
         self.now_ms.store(now_ms, Ordering::SeqCst);
     }
 
-    /// Moves the reading forward, by whole milliseconds, up to `u64::MAX`
-    /// (never around to the past).
+    /// Moves the reading forward by the whole milliseconds in `by` (a
+    /// fraction of one is dropped), up to `u64::MAX` (never around to the
+    /// past).
     pub fn advance(&self, by: std::time::Duration) {
         let by_ms = u64::try_from(by.as_millis()).unwrap_or(u64::MAX);
         let _ = self

@@ -116,7 +116,7 @@ pub(crate) fn display_id(bytes: &[u8]) -> String {
 /// An id as a message shows it: quoted and escaped, and past 256
 /// characters cut, with its length. The error's field keeps it whole; an
 /// id far over the limits would otherwise make a message of megabytes.
-struct Shown<'a>(&'a str);
+pub(crate) struct Shown<'a>(pub &'a str);
 
 impl std::fmt::Display for Shown<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

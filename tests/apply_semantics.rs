@@ -1016,6 +1016,32 @@ fn empty_batch_id_is_an_invalid_batch() {
     assert_eq!(r, report(|r| r.inserted = 1));
 }
 
+/// A checkpoint out of bounds is an invalid batch whose message names the
+/// source (cut, when it is long) and the length found.
+#[test]
+fn a_checkpoint_out_of_bounds_is_named_with_its_length() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), options());
+    let reason = |batch: &Batch| match apply(&store, batch) {
+        Err(Error::InvalidBatch { reason, .. }) => reason,
+        other => panic!("expected InvalidBatch, got {other:?}"),
+    };
+    let long = reason(&Batch::new("B").checkpoint("cdc", vec![0u8; 65_537]));
+    assert!(
+        long.contains("\"cdc\"") && long.contains("65537 bytes"),
+        "{long}"
+    );
+    let huge_source = "s".repeat(100_000);
+    let source = reason(&Batch::new("B").checkpoint(huge_source.as_str(), [1]));
+    assert!(source.contains("100000 bytes"), "{source}");
+    assert!(
+        source.len() < 1_000,
+        "the source is cut: {} bytes",
+        source.len()
+    );
+    assert_eq!(store.batch("B").unwrap(), None);
+}
+
 #[test]
 fn empty_batch_commits_its_checkpoint() {
     let dir = tempfile::tempdir().unwrap();

@@ -1393,7 +1393,7 @@ fn an_inspection_says_what_its_open_recovered_from() {
     fs::write(store.join("SNAPSHOT"), b"not a snapshot").unwrap();
     let repaired = ok(&["repair", "--store", s(&store)]);
     assert!(
-        repaired.contains("its snapshot did not fit it and was moved to"),
+        repaired.contains("its snapshot could not be used and was moved to"),
         "{repaired}"
     );
     assert!(repaired.contains("(14 bytes)"), "{repaired}");

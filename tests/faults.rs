@@ -1416,6 +1416,56 @@ fn a_batch_its_sync_covered_succeeds_though_another_writer_poisoned_the_store() 
     ));
 }
 
+/// The same for a caller whose record another caller's sync covers: the
+/// poisoning wakes it while that sync runs, and it waits for the sync's
+/// outcome instead of taking the poisoning for its own.
+#[test]
+fn a_waiter_that_another_callers_sync_covers_succeeds_though_the_store_was_poisoned() {
+    use std::time::Duration;
+    let storage = FaultyStorage::new();
+    let options = options(&storage)
+        .zero_fill(false)
+        .segment_bytes_max(1 << 20)
+        .snapshot_log_bytes(None);
+    let store = Store::open(dir(), options).expect("open");
+    store
+        .apply_batch(&Batch::new("B0").put("e0", "k0", 1, "v"))
+        .expect("apply");
+    std::thread::scope(|scope| {
+        // A1's sync is held while W1 writes: the next sync then gathers
+        // two records, for up to as long as A1's took.
+        storage.pause_next(OpKind::SyncData);
+        let a1 = scope.spawn(|| store.apply_batch(&Batch::new("A1").put("ea1", "ka1", 1, "v")));
+        storage
+            .wait_until_paused(Duration::from_secs(20))
+            .expect("A1's sync held");
+        let w1 = scope.spawn(|| store.apply_batch(&Batch::new("W1").put("ew1", "kw1", 1, "v")));
+        std::thread::sleep(Duration::from_millis(1500));
+        storage.resume();
+        storage.pause_next(OpKind::SyncData);
+        assert!(a1.join().expect("A1's thread").is_ok());
+        // X joins the sync W1 gathers for (or W1 joins X's).
+        let x = scope.spawn(|| store.apply_batch(&Batch::new("X").put("ex", "kx", 1, "v")));
+        storage
+            .wait_until_paused(Duration::from_secs(20))
+            .expect("the sync covering W1 and X held");
+        std::thread::sleep(Duration::from_millis(200));
+        storage.inject(Fault::new(OpKind::Write, FaultError::Io));
+        let y = store.apply_batch(&Batch::new("Y").put("ey", "ky", 1, "v"));
+        assert!(y.is_err(), "Y's append failed");
+        std::thread::sleep(Duration::from_millis(200));
+        storage.resume();
+        for (name, key, thread) in [("W1", "kw1", w1), ("X", "kx", x)] {
+            let result = thread.join().expect("writer thread");
+            let visible = store.get(key).expect("get").is_some();
+            assert!(
+                visible && result.is_ok(),
+                "{name}: visible {visible}, result {result:?}"
+            );
+        }
+    });
+}
+
 /// A store directory that open creates is durable only once its parent is
 /// synced: open syncs the parent of each directory it made (POSIX promises
 /// no more; without it, a power loss could take the directory and every

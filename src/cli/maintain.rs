@@ -55,10 +55,10 @@ pub fn repair(dir: &Path, out: &mut dyn Write) -> anyhow::Result<()> {
                 "nothing to repair: {} records kept",
                 report.records_kept
             )?,
-            // A whole log whose snapshot did not fit it: only that moved.
+            // A whole log whose snapshot could not be used: only that moved.
             Some(lost_found) => writeln!(
                 out,
-                "the log is whole ({} records kept); its snapshot did not fit it and was moved to {} ({} bytes)",
+                "the log is whole ({} records kept); its snapshot could not be used and was moved to {} ({} bytes)",
                 report.records_kept,
                 lost_found.display(),
                 report.bytes_dropped

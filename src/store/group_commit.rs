@@ -164,11 +164,14 @@ impl GroupCommit {
         loop {
             // Durable first: a sync that covered `lsn` succeeded and its
             // batch was published, even if another writer's failure
-            // poisoned the store meanwhile.
+            // poisoned the store meanwhile. A sync that covers `lsn` and
+            // is still running or publishing decides it too: the caller
+            // waits for its outcome rather than take the poisoning for it.
             if s.durable >= lsn {
                 return Ok(());
             }
-            if let Some(reason) = &s.poisoned {
+            let is_covered = s.synced >= lsn || s.sync_target.is_some_and(|t| t >= lsn);
+            if let Some(reason) = s.poisoned.as_ref().filter(|_| !is_covered) {
                 return Err(Error::Poisoned {
                     reason: reason.clone(),
                 });

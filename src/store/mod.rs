@@ -201,6 +201,15 @@ fn lock_dir(storage: &dyn Storage, dir: &Path) -> Result<Box<dyn Any + Send + Sy
 /// near the limit is usually readable without a remap.
 const MAP_SLACK_BYTES: u64 = 16 << 20;
 
+/// `dir` made absolute against the current directory of the moment: every
+/// file the store later creates, renames or removes is joined onto it, and
+/// a relative path would follow a later change of the process's current
+/// directory into another directory, or another store whose lock this one
+/// does not hold. An empty path is refused, not taken for `.`.
+fn absolute_dir(dir: &Path) -> Result<PathBuf> {
+    std::path::absolute(dir).map_err(|e| Error::io("resolve", dir, e))
+}
+
 impl Store {
     /// Opens (or creates) the store in `dir`, replaying its log.
     ///
@@ -212,7 +221,7 @@ impl Store {
     /// `Corruption` for damaged committed data, `Io` for the OS's errors.
     pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Store> {
         let options = options.within_limits();
-        let dir = dir.as_ref().to_owned();
+        let dir = absolute_dir(dir.as_ref())?;
         let storage = Arc::clone(&options.storage);
         let lock = create_and_lock_dir(storage.as_ref(), &dir)?;
         let ttls = Ttls::new(options.seen_ttl, options.batch_ttl, options.tombstone_ttl);
@@ -501,9 +510,9 @@ impl Store {
     /// `Locked` if the store is open; `Io` if `dir` is not a directory;
     /// `Corruption` at the first bad byte.
     pub fn verify_dir(dir: impl AsRef<Path>, options: &Options) -> Result<VerifyReport> {
-        let dir = dir.as_ref();
-        let _lock = lock_existing_dir(options.storage.as_ref(), dir)?;
-        verify_report(recovery::verify(options.storage.as_ref(), dir)?)
+        let dir = absolute_dir(dir.as_ref())?;
+        let _lock = lock_existing_dir(options.storage.as_ref(), &dir)?;
+        verify_report(recovery::verify(options.storage.as_ref(), &dir)?)
     }
 
     /// Salvages the longest valid prefix of the log in `dir`: cuts it at the
@@ -513,9 +522,9 @@ impl Store {
     /// `Locked` if the store is open; `Io` if `dir` is not a directory or
     /// the cut cannot be made.
     pub fn repair(dir: impl AsRef<Path>, options: Options) -> Result<RepairReport> {
-        let dir = dir.as_ref();
-        let _lock = lock_existing_dir(options.storage.as_ref(), dir)?;
-        recovery::repair(options.storage.as_ref(), dir, options.clock.now_ms())
+        let dir = absolute_dir(dir.as_ref())?;
+        let _lock = lock_existing_dir(options.storage.as_ref(), &dir)?;
+        recovery::repair(options.storage.as_ref(), &dir, options.clock.now_ms())
     }
 }
 

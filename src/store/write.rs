@@ -8,7 +8,7 @@ use super::{PlanView, Store};
 use crate::apply::classify::hash_batch;
 use crate::apply::plan::{PlanOptions, plan};
 use crate::batch::{Batch, BatchReport};
-use crate::error::{Error, Result, display_id};
+use crate::error::{Error, Result, Shown, display_id};
 use crate::format::record::{self, KIND_BATCH, QuarantineView};
 use crate::format::segment::FRAME_HEADER_LEN;
 use crate::format::{ID_BYTES_MAX, POSITION_BYTES_MAX, RECORD_BODY_BYTES_MAX};
@@ -45,13 +45,21 @@ fn validate(batch: &Batch) -> Result<()> {
         if source.is_empty() || source.len() > ID_BYTES_MAX {
             return Err(invalid_batch(
                 batch,
-                format!("checkpoint source must be 1 to {ID_BYTES_MAX} bytes"),
+                format!(
+                    "checkpoint source {} is {} bytes; it must be 1 to {ID_BYTES_MAX}",
+                    Shown(&display_id(source)),
+                    source.len()
+                ),
             ));
         }
         if position.len() > POSITION_BYTES_MAX {
             return Err(invalid_batch(
                 batch,
-                format!("checkpoint position longer than {POSITION_BYTES_MAX} bytes"),
+                format!(
+                    "checkpoint position of source {} is {} bytes, over {POSITION_BYTES_MAX}",
+                    Shown(&display_id(source)),
+                    position.len()
+                ),
             ));
         }
     }
