@@ -152,6 +152,39 @@ pub(crate) fn list_segments(storage: &dyn Storage, dir: &Path) -> Result<Vec<u32
     Ok(ids)
 }
 
+/// Refuses a store that a later idemkv wrote: a segment or `SNAPSHOT` whose
+/// intact header names a newer format version. Open, verify and repair ask
+/// first, before they delete or move anything.
+fn refuse_newer_format(storage: &dyn Storage, dir: &Path) -> Result<()> {
+    let names = storage
+        .list_dir(dir)
+        .map_err(|e| Error::io("list", dir, e))?;
+    let files = names
+        .iter()
+        .filter(|n| *n == SNAPSHOT_FILE || parse_segment_file_name(n).is_some());
+    for name in files {
+        let path = dir.join(name);
+        let read = storage.open(&path, OpenMode::Read).and_then(|file| {
+            let mut header = [0u8; SEGMENT_HEADER_LEN];
+            file.read_at(0, &mut header).map(|()| header)
+        });
+        let header = match read {
+            Ok(header) => header,
+            // A file too short for a header is for the walk to judge.
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => continue,
+            Err(e) => return Err(Error::io("read", &path, e)),
+        };
+        if let Some(version) = newer_format_version(&header) {
+            return Err(Error::UnsupportedFormat {
+                path,
+                version,
+                supported: FORMAT_VERSION,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Opens every segment. Returns those from the newest base segment on, and
 /// the ids of the older ones, which that base made obsolete.
 fn open_segments(
@@ -172,13 +205,6 @@ fn open_segments(
             .open(&path, mode)
             .map_err(|e| Error::io("open", &path, e))?;
         let map = file.map(0).map_err(|e| Error::io("map", &path, e))?;
-        if let Some(version) = newer_format_version(&map) {
-            return Err(Error::UnsupportedFormat {
-                path,
-                version,
-                supported: FORMAT_VERSION,
-            });
-        }
         let kind = decode_segment_header(&map, id);
         opened.push(Opened {
             id,
@@ -584,6 +610,7 @@ fn replay_log(
 /// the rest, and cuts off a torn tail of the newest segment (syncing the
 /// cut). Anything else wrong is `Corruption`.
 pub(crate) fn recover(storage: &dyn Storage, dir: &Path, ttls: Ttls) -> Result<Recovered> {
+    refuse_newer_format(storage, dir)?;
     remove_leftovers(storage, dir)?;
     let (_, obsolete) = open_segments(storage, dir, false)?;
     if !obsolete.is_empty() {
@@ -813,6 +840,7 @@ pub(crate) const LOST_FOUND_DIR: &str = "lost+found";
 /// `lost+found/`, not deleted.
 pub(crate) fn repair(storage: &dyn Storage, dir: &Path, now_ms: u64) -> Result<RepairReport> {
     // An interrupted repair may have left its copy of the segment it cuts.
+    refuse_newer_format(storage, dir)?;
     remove_leftovers(storage, dir)?;
     let (opened, _) = open_segments(storage, dir, true)?;
     let kinds: Vec<(u32, Result<FileKind, &'static str>)> =
@@ -976,6 +1004,7 @@ fn write_new_file(storage: &dyn Storage, path: &PathBuf, bytes: &[u8]) -> Result
 /// Checks every record, and the snapshot if there is one, without changing
 /// anything: any problem, a torn tail included, is `Corruption`.
 pub(crate) fn verify(storage: &dyn Storage, dir: &Path) -> Result<Walk> {
+    refuse_newer_format(storage, dir)?;
     let (opened, _) = open_segments(storage, dir, false)?;
     let mut walk = walk(opened, &mut Index::default(), None, true);
     if let Some(problem) = walk.problem.take() {

@@ -962,3 +962,52 @@ fn a_store_of_a_newer_format_is_refused_and_left_as_it_is() {
     assert_eq!(fs::read(&segment).unwrap(), bytes);
     assert!(!dir.path().join("lost+found").exists());
 }
+
+/// The newer format is found before anything is deleted or moved: a newer
+/// store's temporaries stay, and a newer `SNAPSHOT` beside segments of this
+/// version is refused as well, not taken for damage.
+#[test]
+fn a_newer_format_is_refused_before_anything_is_touched() {
+    let newer = |path: &Path| {
+        let mut bytes = fs::read(path).unwrap();
+        let version = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
+        bytes[8..12].copy_from_slice(&(version + 1).to_le_bytes());
+        let crc = crc32fast::hash(&bytes[..24]);
+        bytes[24..28].copy_from_slice(&crc.to_le_bytes());
+        fs::write(path, &bytes).unwrap();
+    };
+    for file in ["0000000001.seg", "SNAPSHOT"] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path(), &Options::default());
+        store
+            .apply_batch(&Batch::new("B1").put("e1", "k", 1, "v"))
+            .unwrap();
+        store.snapshot().unwrap();
+        store.close().unwrap();
+        newer(&dir.path().join(file));
+        fs::write(dir.path().join("0000000002.seg.tmp"), "a newer store's").unwrap();
+        let listing = || {
+            let mut names: Vec<_> = fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            names.sort();
+            names
+        };
+        let before = listing();
+        let is_refused = |result: Result<(), Error>| matches!(result, Err(Error::UnsupportedFormat { path, .. }) if path.ends_with(file));
+        assert!(
+            is_refused(Store::open(dir.path(), Options::default()).map(drop)),
+            "{file}: open"
+        );
+        assert!(
+            is_refused(Store::verify_dir(dir.path(), &Options::default()).map(drop)),
+            "{file}: verify"
+        );
+        assert!(
+            is_refused(Store::repair(dir.path(), Options::default()).map(drop)),
+            "{file}: repair"
+        );
+        assert_eq!(listing(), before, "{file}: nothing deleted or moved");
+    }
+}
