@@ -17,6 +17,10 @@ pub(crate) struct DeliveryHash {
     pub payload: u64,
 }
 
+/// Spreads an op's tag over 64 bits (the golden ratio's odd multiplier):
+/// the tags' constants differ in about half their bits.
+const TAG_MIX: u64 = 0x9E37_79B9_7F4A_7C15;
+
 fn op_tag(op: &Op) -> u64 {
     match op {
         Op::Put(_) => 1,
@@ -28,12 +32,13 @@ fn op_tag(op: &Op) -> u64 {
 
 /// Hashes one delivery.
 pub(crate) fn hash_delivery(d: &Delivery) -> DeliveryHash {
-    // The seq hashed under the op's tag: two (seq, op) pairs share a seed
-    // only by chance. With the tag xored into the seq's top byte, a Put at
-    // seq s and an Add at s ^ 2 << 56 shared one, and a Put whose value was
-    // the delta's 8 bytes then had the Add's payload hash.
-    let seed = xxh3_64_with_seed(&d.seq.to_le_bytes(), op_tag(&d.op));
-    let head = xxh3_64_with_seed(&d.key, seed);
+    // The key hashed under the seq, and the op's tag mixed into the result
+    // as a constant of its own: two (seq, op) pairs share a head only when
+    // two xxh3 outputs differ by the constants' difference, by chance. With
+    // the tag xored into the seq's top byte, a Put at seq s and an Add at
+    // s ^ 2 << 56 shared a seed, and a Put whose value was the delta's 8
+    // bytes then had the Add's payload hash.
+    let head = xxh3_64_with_seed(&d.key, d.seq) ^ op_tag(&d.op).wrapping_mul(TAG_MIX);
     let payload = match &d.op {
         Op::Put(value) => xxh3_64_with_seed(value, head),
         Op::Delete => head,

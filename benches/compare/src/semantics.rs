@@ -56,8 +56,7 @@ pub fn payload_hash(d: &Delivery) -> u64 {
         Op::Add(_) => (3, b""),
         Op::Malformed { reason } => (4, reason.as_bytes()),
     };
-    let seed = xxh3_64_with_seed(&d.seq.to_le_bytes(), tag);
-    let head = xxh3_64_with_seed(&d.key, seed);
+    let head = xxh3_64_with_seed(&d.key, d.seq) ^ tag.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     match &d.op {
         Op::Add(delta) => xxh3_64_with_seed(&delta.to_le_bytes(), head),
         _ => xxh3_64_with_seed(body, head),
