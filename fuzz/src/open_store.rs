@@ -16,7 +16,9 @@
 //!
 //! Then: `verify_dir`, `open` (reads, a batch, a reopen that must see the
 //! same state), `repair`, and `open` again. Each answers `Ok` or an error
-//! (`Corruption` or `Io`); a panic, a hang or a huge allocation is a bug.
+//! (`Corruption` or `Io`, or `UnsupportedFormat` for a header whose version
+//! was edited and its checksum mended); a panic, a hang or a huge
+//! allocation is a bug.
 //! Contracts checked on top: what `verify_dir` passes, `open` opens; a
 //! reopen of an opened store sees the same state and discards nothing; after
 //! a successful `repair`, the store opens and verifies.
@@ -226,7 +228,7 @@ fn store_options(storage: &FaultyStorage, clock: &ManualClock, flags: u8) -> Opt
 /// An error that a damaged directory may give.
 fn expected(what: &str, e: &Error) {
     match e {
-        Error::Corruption { .. } | Error::Io { .. } => {}
+        Error::Corruption { .. } | Error::Io { .. } | Error::UnsupportedFormat { .. } => {}
         other => panic!("{what}: unexpected error {other:?}"),
     }
 }
