@@ -839,8 +839,8 @@ pub(crate) const LOST_FOUND_DIR: &str = "lost+found";
 /// dropped bytes, and the snapshot (which may cover them), are moved into
 /// `lost+found/`, not deleted.
 pub(crate) fn repair(storage: &dyn Storage, dir: &Path, now_ms: u64) -> Result<RepairReport> {
-    // An interrupted repair may have left its copy of the segment it cuts.
     refuse_newer_format(storage, dir)?;
+    // An interrupted repair may have left its copy of the segment it cuts.
     remove_leftovers(storage, dir)?;
     let (opened, _) = open_segments(storage, dir, true)?;
     let kinds: Vec<(u32, Result<FileKind, &'static str>)> =
