@@ -890,12 +890,7 @@ fn verify_and_repair_of_a_missing_directory_fail_and_create_nothing() {
 /// file: a `.tmp` of someone else's in the directory is not the store's.
 #[test]
 fn open_and_repair_remove_only_the_stores_own_temporaries() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path(), &Options::default());
-    store
-        .apply_batch(&Batch::new("B1").put("e1", "k", 1, "v"))
-        .unwrap();
-    store.close().unwrap();
+    let dir = store_of_one_batch(false);
     for name in [
         "0000000002.seg.tmp",
         "SNAPSHOT.tmp",
@@ -917,96 +912,78 @@ fn open_and_repair_remove_only_the_stores_own_temporaries() {
     assert_eq!(&store.get("k").unwrap().unwrap().value[..], b"v");
 }
 
-/// A store written in a newer format is refused by open, verify and repair
-/// with `UnsupportedFormat`, naming the file and both versions; repair moves
-/// nothing into `lost+found`, since the files are not damaged.
-#[test]
-fn a_store_of_a_newer_format_is_refused_and_left_as_it_is() {
+/// A store of one batch, closed (with a snapshot of it, if asked).
+fn store_of_one_batch(with_snapshot: bool) -> TempDir {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path(), &Options::default());
     store
         .apply_batch(&Batch::new("B1").put("e1", "k", 1, "v"))
         .unwrap();
+    if with_snapshot {
+        store.snapshot().unwrap();
+    }
     store.close().unwrap();
-    let segment = dir.path().join("0000000001.seg");
-    let mut bytes = fs::read(&segment).unwrap();
-    let version = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
-    bytes[8..12].copy_from_slice(&(version + 1).to_le_bytes());
-    let crc = crc32fast::hash(&bytes[..24]);
-    bytes[24..28].copy_from_slice(&crc.to_le_bytes());
-    fs::write(&segment, &bytes).unwrap();
-
-    let refused = |result: Result<(), Error>, what: &str| match result {
-        Err(Error::UnsupportedFormat {
-            path,
-            version: found,
-            supported,
-        }) => {
-            assert_eq!(path, segment, "{what}");
-            assert_eq!((found, supported), (version + 1, version), "{what}");
-        }
-        other => panic!("{what}: expected UnsupportedFormat, got {other:?}"),
-    };
-    refused(
-        Store::open(dir.path(), Options::default()).map(drop),
-        "open",
-    );
-    refused(
-        Store::verify_dir(dir.path(), &Options::default()).map(drop),
-        "verify",
-    );
-    refused(
-        Store::repair(dir.path(), Options::default()).map(drop),
-        "repair",
-    );
-    assert_eq!(fs::read(&segment).unwrap(), bytes);
-    assert!(!dir.path().join("lost+found").exists());
+    dir
 }
 
-/// The newer format is found before anything is deleted or moved: a newer
-/// store's temporaries stay, and a newer `SNAPSHOT` beside segments of this
-/// version is refused as well, not taken for damage.
+/// Rewrites the header of the file at `path` as a later idemkv would write
+/// it: the next format version, its checksum mended. Returns that version.
+fn mark_newer_format(path: &Path) -> u32 {
+    let mut bytes = fs::read(path).unwrap();
+    let newer = u32::from_le_bytes(bytes[8..12].try_into().unwrap()) + 1;
+    bytes[8..12].copy_from_slice(&newer.to_le_bytes());
+    let crc = crc32fast::hash(&bytes[..24]);
+    bytes[24..28].copy_from_slice(&crc.to_le_bytes());
+    fs::write(path, &bytes).unwrap();
+    newer
+}
+
+/// A store written in a newer format (its segment, or its `SNAPSHOT` beside
+/// segments of this version) is refused by open, verify and repair with
+/// `UnsupportedFormat`, naming the file and both versions, before anything
+/// is deleted or moved: not even a newer store's temporaries go, and
+/// nothing goes into `lost+found`, since the files are not damaged.
 #[test]
-fn a_newer_format_is_refused_before_anything_is_touched() {
-    let newer = |path: &Path| {
-        let mut bytes = fs::read(path).unwrap();
-        let version = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
-        bytes[8..12].copy_from_slice(&(version + 1).to_le_bytes());
-        let crc = crc32fast::hash(&bytes[..24]);
-        bytes[24..28].copy_from_slice(&crc.to_le_bytes());
-        fs::write(path, &bytes).unwrap();
-    };
+fn a_store_of_a_newer_format_is_refused_before_anything_is_touched() {
     for file in ["0000000001.seg", "SNAPSHOT"] {
-        let dir = tempfile::tempdir().unwrap();
-        let store = open(dir.path(), &Options::default());
-        store
-            .apply_batch(&Batch::new("B1").put("e1", "k", 1, "v"))
-            .unwrap();
-        store.snapshot().unwrap();
-        store.close().unwrap();
-        newer(&dir.path().join(file));
+        let dir = store_of_one_batch(true);
+        let path = dir.path().join(file);
+        let newer = mark_newer_format(&path);
         fs::write(dir.path().join("0000000002.seg.tmp"), "a newer store's").unwrap();
         let listing = || {
-            let mut names: Vec<_> = fs::read_dir(dir.path())
+            let mut files: Vec<_> = fs::read_dir(dir.path())
                 .unwrap()
-                .map(|e| e.unwrap().file_name())
+                .map(|e| {
+                    let e = e.unwrap();
+                    (e.file_name(), fs::read(e.path()).unwrap())
+                })
                 .collect();
-            names.sort();
-            names
+            files.sort();
+            files
         };
         let before = listing();
-        let is_refused = |result: Result<(), Error>| matches!(result, Err(Error::UnsupportedFormat { path, .. }) if path.ends_with(file));
-        assert!(
-            is_refused(Store::open(dir.path(), Options::default()).map(drop)),
-            "{file}: open"
+        let refused = |result: Result<(), Error>, what: &str| match result {
+            Err(Error::UnsupportedFormat {
+                path: named,
+                version,
+                supported,
+            }) => {
+                assert_eq!(named, path, "{file}: {what}");
+                assert_eq!((version, supported), (newer, newer - 1), "{file}: {what}");
+            }
+            other => panic!("{file}: {what}: expected UnsupportedFormat, got {other:?}"),
+        };
+        refused(
+            Store::open(dir.path(), Options::default()).map(drop),
+            "open",
         );
-        assert!(
-            is_refused(Store::verify_dir(dir.path(), &Options::default()).map(drop)),
-            "{file}: verify"
+        refused(
+            Store::verify_dir(dir.path(), &Options::default()).map(drop),
+            "verify",
         );
-        assert!(
-            is_refused(Store::repair(dir.path(), Options::default()).map(drop)),
-            "{file}: repair"
+        refused(
+            Store::repair(dir.path(), Options::default()).map(drop),
+            "repair",
         );
         assert_eq!(listing(), before, "{file}: nothing deleted or moved");
     }
