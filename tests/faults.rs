@@ -1351,11 +1351,16 @@ fn an_open_from_a_snapshot_of_the_whole_log_rewrites_nothing() {
             assert_eq!(writes, [], "{what}: open writes nothing back");
             assert_eq!(snap(&store), state, "{what}");
             drop(store);
-            let image = storage.crash_image(CrashPolicy::PowerLoss);
-            let store = Store::open(dir(), options().storage(Arc::new(image))).expect("open image");
-            assert_eq!(snap(&store), state, "{what}: after a power loss");
+            assert_power_loss_keeps(&storage, options(), &state, &what);
         }
     }
+}
+
+/// A power loss of `storage` now loses nothing of `state`.
+fn assert_power_loss_keeps(storage: &FaultyStorage, options: Options, state: &Snap, what: &str) {
+    let image = storage.crash_image(CrashPolicy::PowerLoss);
+    let store = Store::open(dir(), options.storage(Arc::new(image))).expect("open image");
+    assert_eq!(&snap(&store), state, "{what}: after a power loss");
 }
 
 /// Under `Buffered` a clean close, or a drop, syncs the log: the batches
@@ -1380,9 +1385,7 @@ fn a_buffered_close_or_drop_makes_every_batch_durable() {
         } else {
             drop(store);
         }
-        let image = storage.crash_image(CrashPolicy::PowerLoss);
-        let store = Store::open(dir(), options().storage(Arc::new(image))).expect("open image");
-        assert_eq!(snap(&store), state, "close {close}: after a power loss");
+        assert_power_loss_keeps(&storage, options(), &state, &format!("close {close}"));
     }
 }
 
