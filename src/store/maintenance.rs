@@ -310,9 +310,9 @@ impl Store {
         } else {
             Ok(())
         };
-        let trimmed = self.close_log();
+        let log_closed = self.close_log();
         self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
-        snapshot.and(trimmed)
+        snapshot.and(log_closed)
     }
 
     /// Cuts the newest segment's unused preallocated space off, so that a
