@@ -150,3 +150,60 @@ fn a_compaction_retried_after_a_failed_snapshot_removal_syncs_it_before_the_rena
     );
     assert_eq!(rows(&store), rows_before);
 }
+
+/// A batch that commits while a compaction writes its base moves the live
+/// clock on; the switch still purges the live index at the cut's time, as
+/// the base was, so what the store lists and counts is what a reopen of it
+/// lists and counts.
+#[test]
+fn a_batch_during_a_compaction_leaves_the_live_store_as_a_reopen_finds_it() {
+    use std::time::Duration;
+    let dir = PathBuf::from("/db");
+    let storage = FaultyStorage::new();
+    let clock = ManualClock::new(1_700_000_000_000);
+    let ttl = Some(Duration::from_secs(60));
+    let options = || {
+        options(&storage)
+            .clock(Arc::new(clock.clone()))
+            .seen_ttl(ttl)
+            .batch_ttl(ttl)
+            .tombstone_ttl(ttl)
+            .snapshot_log_bytes(None)
+    };
+    let store = Store::open(&dir, options()).unwrap();
+    store
+        .apply_batch(
+            &Batch::new("A")
+                .put("a1", "k1", 1, "v")
+                .delete("a2", "gone", 1),
+        )
+        .unwrap();
+    clock.advance(Duration::from_secs(30));
+    store
+        .apply_batch(&Batch::new("B").put("b1", "k2", 1, "v"))
+        .unwrap();
+    // The compaction is held between writing its base and renaming it in.
+    storage.pause_next(OpKind::Rename);
+    std::thread::scope(|scope| {
+        let compaction = scope.spawn(|| store.compact().unwrap());
+        storage
+            .wait_until_paused(Duration::from_secs(20))
+            .expect("the compaction is held");
+        clock.advance(Duration::from_secs(100));
+        store
+            .apply_batch(&Batch::new("C").put("c1", "k3", 1, "v"))
+            .unwrap();
+        storage.resume();
+        let report = compaction.join().unwrap();
+        assert_eq!(report.batch_ids_dropped, 0, "{report:?}");
+    });
+    let listed = |store: &Store| {
+        let stats = store.stats();
+        let log: Vec<_> = store.log().into_iter().map(|e| e.batch_id).collect();
+        (log, stats.seen_ids, stats.tombstones, stats.batches)
+    };
+    let live = listed(&store);
+    drop(store);
+    let reopened = Store::open(&dir, options()).unwrap();
+    assert_eq!(listed(&reopened), live);
+}

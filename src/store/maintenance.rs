@@ -112,8 +112,11 @@ impl Store {
                 assert_eq!(k, key, "the base holds the live key being moved");
                 Some(to)
             });
-            let log_time_ms = index.log_time_ms;
-            purged = index.purge_expired(log_time_ms);
+            // At the cut's time, as the base was: a batch committed since
+            // has moved the live clock on, and purging at that later time
+            // dropped entries the base keeps, so that `log` and `stats`
+            // changed across the next reopen.
+            purged = index.purge_expired(now_ms);
             self.maps
                 .insert(base_id, Arc::clone(&rewritten.file), rewritten.map.clone());
             self.maps.remove_below(base_id);

@@ -42,8 +42,16 @@ pub struct IndexBytes {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Stats {
     pub live_keys: u64,
+    /// Tombstones held, expired ones included until a compaction drops them.
     pub tombstones: u64,
+    /// Seen event ids held in memory. Expired ids count until the seen
+    /// index's next merge or a compaction lets them go, so the figure
+    /// depends on when those ran (a snapshot's load starts with no merge
+    /// pending), not only on the batches; under `Durability::Sync` it
+    /// includes the ids of a large record waiting for its sync (DESIGN.md,
+    /// "Write path"). What an id decides never depends on it.
     pub seen_ids: u64,
+    /// Batch ids held, expired ones included until a compaction drops them.
     pub batches: u64,
     pub checkpoints: u64,
     pub quarantined: u64,
