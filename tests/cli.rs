@@ -919,6 +919,9 @@ fn a_file_replaced_by_one_of_the_same_shape_is_refused_not_skipped() {
     resume.push(s(&file));
     let stderr = fails(&resume);
     assert!(stderr.contains("was replaced"), "{stderr}");
+    // It points to the way that works: `--from-start` would only meet the
+    // old file's batch ids with other content.
+    assert!(!stderr.contains("--from-start"), "{stderr}");
     assert_eq!(
         checkpoint(&store, "feed"),
         Some(offset_after_line(&other, 10))
@@ -934,6 +937,49 @@ fn a_file_replaced_by_one_of_the_same_shape_is_refused_not_skipped() {
     write_lines(&file, &lines_with(&[]));
     let third = ingest_json(&store, &file, &args);
     assert_eq!(third["inserted"].as_u64(), Some(20));
+}
+
+/// A checkpoint that a stream (stdin) ingest set under a source is not a
+/// position in a file given later under that source: resuming there would
+/// skip the file's first lines, so the run is refused.
+#[test]
+fn a_streams_checkpoint_is_not_a_position_in_a_file_of_the_same_source() {
+    let dir = tempdir();
+    let store = dir.path().join("store");
+    let file = dir.path().join("in.ndjson");
+    let mut body = lines_with(&[])[..10].join("\n");
+    body.push('\n');
+    let streamed = ingest_stdin(&store, body.as_bytes(), &["--source", "feed"]);
+    assert_eq!(streamed["inserted"].as_u64(), Some(10));
+    write_lines(&file, &other_lines());
+    let stderr = fails(&["ingest", "--store", s(&store), "--source", "feed", s(&file)]);
+    assert!(stderr.contains("was set by a stream"), "{stderr}");
+    assert_eq!(scan(&store).len(), 10, "nothing of the file went in");
+    let filed = ingest_json(&store, &file, &["--source", "feed-file"]);
+    assert_eq!(filed["inserted"].as_u64(), Some(30));
+}
+
+/// A run whose batches are all replays (`--from-start` over a file cut
+/// back) moves no checkpoint, and its report gives the one the store holds.
+#[test]
+fn a_run_of_replays_reports_the_checkpoint_the_store_holds() {
+    let dir = tempdir();
+    let store = dir.path().join("store");
+    let file = dir.path().join("in.ndjson");
+    let lines = lines_with(&[]);
+    let args = ["--source", "feed", "--batch-size", "4"];
+    write_lines(&file, &lines);
+    ingest_json(&store, &file, &args);
+    write_lines(&file, &lines[..8]);
+    let mut replay = args.to_vec();
+    replay.push("--from-start");
+    let report = ingest_json(&store, &file, &replay);
+    assert_eq!(report["replayed"].as_u64(), Some(2));
+    assert_eq!(report["checkpoint"].as_u64(), checkpoint(&store, "feed"));
+    assert_eq!(
+        checkpoint(&store, "feed"),
+        Some(offset_after_line(&lines, 30))
+    );
 }
 
 /// A line longer than a batch may be is invalid input, read without being

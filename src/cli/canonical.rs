@@ -132,6 +132,13 @@ impl Decimal {
         if digits.is_empty() {
             exponent = 0;
         }
+        // The form `d.ddde±x` prints `digits + exponent - 1`: a number whose
+        // printed exponent would not fit an i64 keeps its text as written,
+        // where saturating made `1e9223372036854775807` and `…806` one.
+        i64::try_from(digits.len().max(1))
+            .ok()?
+            .checked_add(exponent)?
+            .checked_sub(1)?;
         Some(Self {
             negative,
             digits,
@@ -209,6 +216,23 @@ mod tests {
 
     fn canon(text: &str) -> String {
         String::from_utf8(canonicalize(text.as_bytes()).expect("valid json")).expect("utf-8")
+    }
+
+    /// Exponents at the end of the i64 range stay apart: saturating once
+    /// printed `1e9223372036854775807` as `…806`, so a put of the other
+    /// counted as unchanged.
+    #[test]
+    fn numbers_whose_exponents_reach_the_end_of_the_range_stay_apart() {
+        let pairs = [
+            ("1e9223372036854775807", "1e9223372036854775806"),
+            ("12e9223372036854775807", "12e9223372036854775806"),
+            ("1e-9223372036854775808", "1e-9223372036854775807"),
+        ];
+        for (a, b) in pairs {
+            assert_ne!(canon(a), canon(b), "{a} and {b}");
+            assert_eq!(canon(&canon(a)), canon(a), "{a} reads back as itself");
+            assert_eq!(canon(&canon(b)), canon(b), "{b} reads back as itself");
+        }
     }
 
     /// Found by the `ndjson_line` fuzz target: without exact float parsing,

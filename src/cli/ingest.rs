@@ -121,7 +121,9 @@ pub struct IngestSummary {
     pub lines: u64,
     /// Byte offset the run started at.
     pub start: u64,
-    /// Byte offset after the last complete line committed.
+    /// The source's checkpoint in the store when the run ended: after the
+    /// last complete line committed, or, when this run's batches were
+    /// replays (`--from-start`), where an earlier run left it.
     pub checkpoint: u64,
     /// Bytes after the last complete line, waiting for their newline.
     pub pending_bytes: u64,
@@ -372,7 +374,8 @@ fn check_resume_point(
     if start == 0 {
         return Ok(());
     }
-    let replaced = "it was truncated or replaced since it was ingested; ingest it under another --source, or with --from-start to redeliver it all";
+    let replaced =
+        "it was truncated or replaced since it was ingested; ingest it under another --source";
     if len < start {
         bail!(
             "{} has {len} bytes but source {} has checkpoint {start}: {replaced}",
@@ -416,14 +419,27 @@ fn check_last_batch(
     }
     let prefix = format!("{}:", options.source);
     let suffix = format!("-{start}");
+    // The newest batch of this source that ended at `start`: a file's
+    // (`<source>:<a>-<start>`) or a stream's (`<source>:<a>-<start>:<hash>`).
     let last = store.log().into_iter().rev().find_map(|entry| {
         let id = std::str::from_utf8(&entry.batch_id).ok()?;
-        let batch_start = id.strip_prefix(&prefix)?.strip_suffix(&suffix)?;
-        let batch_start = decode_position(batch_start.as_bytes()).filter(|&at| at < start)?;
-        Some((batch_start, entry))
+        let range = id.strip_prefix(&prefix)?;
+        if let Some(batch_start) = range.strip_suffix(&suffix) {
+            let batch_start = decode_position(batch_start.as_bytes()).filter(|&at| at < start)?;
+            return Some(Some((batch_start, entry)));
+        }
+        let (range, hash) = range.rsplit_once(':')?;
+        let is_stream = hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit());
+        (is_stream && range.ends_with(&suffix)).then_some(None)
     });
-    let Some((batch_start, entry)) = last else {
-        return Ok(());
+    let (batch_start, entry) = match last {
+        Some(Some(file_batch)) => file_batch,
+        Some(None) => bail!(
+            "the checkpoint of source {} (byte {start}) was set by a stream (stdin or a pipe), not read from {}: resuming there would skip its first lines; ingest it under another --source",
+            string_literal(&options.source),
+            path.display()
+        ),
+        None => return Ok(()),
     };
     let cannot_read = || format!("cannot read {}", path.display());
     file.seek(SeekFrom::Start(batch_start))
@@ -446,7 +462,7 @@ fn check_last_batch(
     let (batch_id, batch) = lines.take_batch(&options.source, start);
     if batch.content_hash() != entry.content_hash {
         bail!(
-            "bytes {batch_start}..{start} of {} are not the lines batch {} committed from them: the file was replaced since it was ingested (or the field mapping changed, or this version of idemkv reads those lines differently); ingest it under another --source, or with --from-start to redeliver it all",
+            "bytes {batch_start}..{start} of {} are not the lines batch {} committed from them: the file was replaced since it was ingested (or the field mapping changed, or this version of idemkv reads those lines differently); ingest it under another --source",
             path.display(),
             string_literal(&batch_id)
         );
@@ -660,7 +676,8 @@ impl Run<'_> {
         } else {
             self.summary.totals.accumulate(&report);
         }
-        self.summary.checkpoint = end;
+        // A replay moves no checkpoint: report the one the store holds.
+        self.summary.checkpoint = committed_offset(self.store, &self.options.source).unwrap_or(end);
         self.batch = BatchLines::new(end, self.batch.is_seekable);
         Ok(())
     }
