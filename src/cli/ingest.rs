@@ -167,7 +167,8 @@ pub fn committed_offset(store: &Store, source: &str) -> anyhow::Result<u64> {
 /// I/O errors, a file that no longer matches its checkpoint, and any batch
 /// the store refuses (a conflicting or invalid line under `OnConflict::Fail`):
 /// the message names the line number and event id, and says that nothing of
-/// that batch was committed.
+/// that batch was committed (after a failed write or sync, that it may
+/// have: the disk may hold its record).
 pub fn ingest(
     store: &Store,
     input: &Input,
@@ -736,6 +737,16 @@ impl Run<'_> {
                 "{err}: the input under source {} differs from what was ingested before (the file changed, or --batch-size or the field mapping did); {not_committed}",
                 string_literal(&self.options.source)
             ),
+            // After a failed write or sync the disk may still hold the
+            // batch's record, and the next open then finds it committed.
+            Error::Io { .. } | Error::Poisoned { .. } => {
+                let unknown = format!(
+                    "batch {} may or may not have committed (the store keeps what reached the disk); run ingest again after the disk is fixed: a committed batch then replays ({} batches committed before it in this run)",
+                    string_literal(batch_id),
+                    self.summary.batches
+                );
+                anyhow::Error::new(err).context(unknown)
+            }
             _ => anyhow::Error::new(err).context(not_committed),
         }
     }
