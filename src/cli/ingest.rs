@@ -33,7 +33,7 @@ use xxhash_rust::xxh3::Xxh3;
 use crate::cli::UsageError;
 use crate::cli::canonical::string_literal;
 use crate::cli::ndjson::{FieldMapping, LineError, clip, is_blank, parse_line};
-use crate::{Batch, BatchReport, Delivery, Error, Op, Store};
+use crate::{Batch, BatchReport, Delivery, Error, LogEntry, Op, Store};
 
 /// A batch is cut once its lines reach this many bytes, whatever `--batch-size` says,
 /// so that one commit record stays a few MiB at most.
@@ -406,7 +406,8 @@ fn check_resume_point(
 /// the old file would skip its first lines without a word. The batch is
 /// rebuilt from those bytes and compared by content hash with the one the
 /// log holds under its id; one the registry no longer holds (expired and
-/// compacted away) is not checked.
+/// compacted away) is not checked. A checkpoint a stream set under the
+/// source is no position in the file, and is refused.
 fn check_last_batch(
     store: &Store,
     file: &mut File,
@@ -422,20 +423,24 @@ fn check_last_batch(
     let suffix = format!("-{start}");
     // The newest batch of this source that ended at `start`: a file's
     // (`<source>:<a>-<start>`) or a stream's (`<source>:<a>-<start>:<hash>`).
+    enum SetBy {
+        File { batch_start: u64, entry: LogEntry },
+        Stream,
+    }
     let last = store.log().into_iter().rev().find_map(|entry| {
         let id = std::str::from_utf8(&entry.batch_id).ok()?;
         let range = id.strip_prefix(&prefix)?;
         if let Some(batch_start) = range.strip_suffix(&suffix) {
             let batch_start = decode_position(batch_start.as_bytes()).filter(|&at| at < start)?;
-            return Some(Some((batch_start, entry)));
+            return Some(SetBy::File { batch_start, entry });
         }
         let (range, hash) = range.rsplit_once(':')?;
         let is_stream = hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit());
-        (is_stream && range.ends_with(&suffix)).then_some(None)
+        (is_stream && range.ends_with(&suffix)).then_some(SetBy::Stream)
     });
     let (batch_start, entry) = match last {
-        Some(Some(file_batch)) => file_batch,
-        Some(None) => bail!(
+        Some(SetBy::File { batch_start, entry }) => (batch_start, entry),
+        Some(SetBy::Stream) => bail!(
             "the checkpoint of source {} (byte {start}) was set by a stream (stdin or a pipe), not read from {}: resuming there would skip its first lines; ingest it under another --source",
             string_literal(&options.source),
             path.display()
