@@ -57,6 +57,7 @@ fn a_failure_at_any_step_of_compaction_loses_nothing_and_misleads_no_reopen() {
     ];
     let mut failures = 0;
     for kind in kinds {
+        let failures_before = failures;
         for skip in 0..6 {
             let storage = FaultyStorage::new();
             let store = Store::open(&dir, options(&storage)).unwrap();
@@ -91,6 +92,12 @@ fn a_failure_at_any_step_of_compaction_loses_nothing_and_misleads_no_reopen() {
                 "{kind:?} #{skip}: state after a second reopen"
             );
         }
+        // Every kind of operation is one compaction performs: a fault of
+        // each fails it at least once.
+        assert!(
+            failures > failures_before,
+            "no {kind:?} fault hit compaction"
+        );
     }
     assert!(
         failures > 10,

@@ -274,8 +274,10 @@ fn every_writer_reads_its_own_batch_on_return_and_writers_share_syncs() {
     });
     let batches = WRITERS as u64 * BATCHES;
     let syncs = store.stats().syncs - syncs_before;
+    // Shared: 42-49 syncs for 240 batches here; a syncer that claimed only
+    // its own record took 184-197.
     assert!(
-        syncs < batches,
+        syncs <= batches / 2,
         "{WRITERS} writers share syncs: {syncs} syncs for {batches} batches"
     );
     check_final_state(&store);
