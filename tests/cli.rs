@@ -957,6 +957,16 @@ fn a_streams_checkpoint_is_not_a_position_in_a_file_of_the_same_source() {
     assert_eq!(scan(&store).len(), 10, "nothing of the file went in");
     let filed = ingest_json(&store, &file, &["--source", "feed-file"]);
     assert_eq!(filed["inserted"].as_u64(), Some(30));
+
+    // A stream of another source whose name starts with this one's and a
+    // colon is no stream of this source: the file resumes.
+    let lines = lines_with(&[]);
+    write_lines(&file, &lines[..10]);
+    ingest_json(&store, &file, &["--source", "orders"]);
+    ingest_stdin(&store, body.as_bytes(), &["--source", "orders:x"]);
+    write_lines(&file, &lines);
+    let resumed = ingest_json(&store, &file, &["--source", "orders"]);
+    assert_eq!(resumed["inserted"].as_u64(), Some(20), "{resumed}");
 }
 
 /// A run whose batches are all replays (`--from-start` over a file cut
@@ -980,6 +990,12 @@ fn a_run_of_replays_reports_the_checkpoint_the_store_holds() {
         checkpoint(&store, "feed"),
         Some(offset_after_line(&lines, 30))
     );
+
+    // A run that commits nothing reports it too.
+    fs::write(&file, &lines[0][..10]).unwrap();
+    let report = ingest_json(&store, &file, &replay);
+    assert_eq!(report["batches"].as_u64(), Some(0));
+    assert_eq!(report["checkpoint"].as_u64(), checkpoint(&store, "feed"));
 }
 
 /// A line longer than a batch may be is invalid input, read without being

@@ -283,7 +283,7 @@ fn write_summary(summary: &IngestSummary, store: &Path, out: &mut dyn Write) -> 
         string_literal(&summary.source),
         summary.lines,
         summary.start,
-        summary.checkpoint,
+        summary.read_to,
         summary.batches,
         summary.replayed
     )?;

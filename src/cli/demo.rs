@@ -241,7 +241,7 @@ fn crash_and_resume(dir: &Path, out: &mut dyn Write) -> anyhow::Result<()> {
             writeln!(
                 out,
                 "  run B: 2 batches, then a crash midway through writing batch 3 (bytes {}..{})",
-                third.start, third.checkpoint
+                third.start, third.read_to
             )?;
             true
         }

@@ -121,6 +121,9 @@ pub struct IngestSummary {
     pub lines: u64,
     /// Byte offset the run started at.
     pub start: u64,
+    /// Byte offset after the last complete line this run committed or
+    /// replayed.
+    pub read_to: u64,
     /// The source's checkpoint in the store when the run ended: after the
     /// last complete line committed, or, when this run's batches were
     /// replays (`--from-start`), where an earlier run left it.
@@ -167,7 +170,7 @@ pub fn committed_offset(store: &Store, source: &str) -> anyhow::Result<u64> {
 /// I/O errors, a file that no longer matches its checkpoint, and any batch
 /// the store refuses (a conflicting or invalid line under `OnConflict::Fail`):
 /// the message names the line number and event id, and says that nothing of
-/// that batch was committed (after a failed write or sync, that it may
+/// that batch was committed (after its write or sync failed, that it may
 /// have: the disk may hold its record).
 pub fn ingest(
     store: &Store,
@@ -191,7 +194,8 @@ pub fn ingest(
         summary: IngestSummary {
             source: options.source.clone(),
             start: opened.start,
-            checkpoint: opened.start,
+            read_to: opened.start,
+            checkpoint: committed_offset(store, &options.source).unwrap_or(opened.start),
             is_resumable: opened.is_seekable,
             ..IngestSummary::default()
         },
@@ -434,9 +438,12 @@ fn check_last_batch(
             let batch_start = decode_position(batch_start.as_bytes()).filter(|&at| at < start)?;
             return Some(SetBy::File { batch_start, entry });
         }
+        // A stream's id is `<a>-<start>:<hash>` after the prefix, with `a` an
+        // offset: a source named `feed:x` is not a stream of `feed`.
         let (range, hash) = range.rsplit_once(':')?;
-        let is_stream = hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit());
-        (is_stream && range.ends_with(&suffix)).then_some(SetBy::Stream)
+        let is_hash = hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit());
+        let stream_start = decode_position(range.strip_suffix(&suffix)?.as_bytes())?;
+        (is_hash && stream_start < start).then_some(SetBy::Stream)
     });
     let (batch_start, entry) = match last {
         Some(SetBy::File { batch_start, entry }) => (batch_start, entry),
@@ -682,6 +689,7 @@ impl Run<'_> {
         } else {
             self.summary.totals.accumulate(&report);
         }
+        self.summary.read_to = end;
         // A replay moves no checkpoint: report the one the store holds.
         self.summary.checkpoint = committed_offset(self.store, &self.options.source).unwrap_or(end);
         self.batch = BatchLines::new(end, self.batch.is_seekable);
@@ -742,11 +750,13 @@ impl Run<'_> {
                 "{err}: the input under source {} differs from what was ingested before (the file changed, or --batch-size or the field mapping did); {not_committed}",
                 string_literal(&self.options.source)
             ),
-            // After a failed write or sync the disk may still hold the
-            // batch's record, and the next open then finds it committed.
-            Error::Io { .. } | Error::Poisoned { .. } => {
+            // After this batch's write or sync failed the disk may still
+            // hold its record, and the next open then finds it committed.
+            // (`Poisoned`: an earlier failure, and nothing of this batch
+            // was written.)
+            Error::Io { .. } => {
                 let unknown = format!(
-                    "batch {} may or may not have committed (the store keeps what reached the disk); run ingest again after the disk is fixed: a committed batch then replays ({} batches committed before it in this run)",
+                    "batch {} may or may not have committed (the store keeps what reached the disk); run ingest again once the disk is fixed: it resumes from the checkpoint the store then holds, either way ({} batches committed before it in this run)",
                     string_literal(batch_id),
                     self.summary.batches
                 );
