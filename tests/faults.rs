@@ -430,7 +430,15 @@ fn run_with_fault(batches: &[Batch], clean: &Clean, op: &OpRecord, error: FaultE
     }
     match store.close() {
         Err(e) => fails_with_the_fault("close", &e),
-        Ok(()) => assert!(!is_write(op), "{what}: the failed write went unreported"),
+        Ok(()) => {
+            assert!(!is_write(op), "{what}: the failed write went unreported");
+            // A read whose failure costs nothing, not a fault that never
+            // met its operation.
+            assert!(
+                storage.ops().iter().any(|o| o.failed),
+                "{what}: the fault never fired"
+            );
+        }
     }
     storage.heal();
     reopen_and_resume(&storage, batches, clean, all..=all, &what);
