@@ -1246,17 +1246,19 @@ fn a_snapshot_unread_or_rejected_when_open_cuts_the_log_is_removed() {
         )
     };
     let snapshot_path = dir().join("SNAPSHOT");
-    // Ten batches and a snapshot covering them all; then bit rot in the
-    // last record, which open cuts as a torn write.
-    let image = FaultyStorage::new();
-    {
-        let store = Store::open(dir(), options(&image)).expect("open");
+    // Ten batches and a snapshot covering them all.
+    let ten_batches_and_a_snapshot = || {
+        let storage = FaultyStorage::new();
+        let store = Store::open(dir(), options(&storage)).expect("open");
         for i in 0..10 {
             store.apply_batch(&batch('B', i)).expect("apply");
         }
         store.snapshot().expect("snapshot");
         store.close().expect("close");
-    }
+        storage
+    };
+    // Then bit rot in the last record, which open cuts as a torn write.
+    let image = ten_batches_and_a_snapshot();
     let segment = segment_path(1);
     let len = image.file_len(&segment).expect("segment");
     image.corrupt(&segment, len - 1, 0x40).expect("corrupt");
@@ -1306,15 +1308,7 @@ fn a_snapshot_unread_or_rejected_when_open_cuts_the_log_is_removed() {
 
     // Unreadable once, with nothing cut: removed too, since it might read
     // at the next open; that open replays the log and finds every batch.
-    let intact = FaultyStorage::new();
-    {
-        let store = Store::open(dir(), options(&intact)).expect("open");
-        for i in 0..10 {
-            store.apply_batch(&batch('B', i)).expect("apply");
-        }
-        store.snapshot().expect("snapshot");
-        store.close().expect("close");
-    }
+    let intact = ten_batches_and_a_snapshot();
     unreadable(&intact);
     let store = Store::open(dir(), options(&intact)).expect("open");
     assert!(store.stats().snapshot_rejected.is_some());
