@@ -113,6 +113,10 @@ pub struct Generator {
     next_event: u64,
     /// Newest seq per key (0: never written).
     latest: Vec<u64>,
+    /// Keys written so far, in the order of their first write: a stale put
+    /// draws its key among them, so that 10% of events are stale however
+    /// few of the keys a short run reaches.
+    written: Vec<u64>,
     /// Redeliveries due in the next batches (front: the next batch).
     due: VecDeque<Vec<Delivery>>,
     batch_no: u64,
@@ -126,6 +130,7 @@ impl Generator {
             rng: Rng::new(spec.seed),
             next_event: 1,
             latest: vec![0; spec.keys as usize],
+            written: Vec::new(),
             due: VecDeque::new(),
             batch_no: 0,
             replay: None,
@@ -135,8 +140,11 @@ impl Generator {
     fn event(&mut self) -> Delivery {
         let n = self.next_event;
         self.next_event += 1;
-        let k = self.rng.below(self.spec.keys);
+        let mut k = self.rng.below(self.spec.keys);
         let roll = self.rng.below(100);
+        if roll >= 90 && self.latest[k as usize] < 2 && !self.written.is_empty() {
+            k = self.written[self.rng.below(self.written.len() as u64) as usize];
+        }
         let latest = self.latest[k as usize];
         let (seq, op) = if roll < 85 || (roll >= 90 && latest < 2) {
             let variant = self.rng.below(16);
@@ -151,6 +159,9 @@ impl Generator {
             (seq, Op::Put(Bytes::from(value_of(k, variant))))
         };
         if seq == n {
+            if latest == 0 {
+                self.written.push(k);
+            }
             self.latest[k as usize] = n;
         }
         Delivery {
@@ -283,6 +294,39 @@ mod tests {
         assert_eq!(ids.len(), 20_000);
         let ratio = deliveries as f64 / 20_000.0;
         assert!((1.18..1.22).contains(&ratio), "{ratio}");
+    }
+
+    /// BENCHMARKS.md's mix: 85% puts, 5% deletes, 10% stale puts, also in a
+    /// run too short to reach most keys (W3, `--quick`).
+    #[test]
+    fn events_mix_puts_deletes_and_stale_puts_as_specified() {
+        for events in [20_000, 300_000] {
+            let mut latest = std::collections::HashMap::new();
+            let (mut puts, mut deletes, mut stale) = (0u64, 0u64, 0u64);
+            let mut seen = std::collections::HashSet::new();
+            for h in Generator::new(Spec::w1(events)).filter(|h| !h.replay) {
+                for d in h.batch.deliveries() {
+                    if !seen.insert(d.event_id.clone()) {
+                        continue;
+                    }
+                    let newest = latest.entry(d.key.clone()).or_insert(0u64);
+                    if d.seq < *newest {
+                        stale += 1;
+                        continue;
+                    }
+                    *newest = d.seq;
+                    match d.op {
+                        Op::Delete => deletes += 1,
+                        _ => puts += 1,
+                    }
+                }
+            }
+            assert_eq!(puts + deletes + stale, events);
+            let share = |n: u64| n as f64 / events as f64;
+            assert!((0.84..0.86).contains(&share(puts)), "{events}: puts {}", share(puts));
+            assert!((0.04..0.06).contains(&share(deletes)), "{events}: deletes {}", share(deletes));
+            assert!((0.09..0.11).contains(&share(stale)), "{events}: stale {}", share(stale));
+        }
     }
 
     #[test]
