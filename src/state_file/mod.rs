@@ -127,18 +127,26 @@ impl StateWriter<'_> {
     }
 
     /// Frames and appends the record that starts at `start` in `record`.
+    ///
+    /// The whole record must lie below 4 GiB, not only its start: the
+    /// values inline in it are found by 32-bit offsets, so a record that
+    /// crossed the limit would be written and then fail to load.
     fn append(&mut self, start: usize) -> Result<()> {
-        let offset = u32::try_from(self.offset).map_err(|_| {
-            Error::io(
-                "write",
-                self.path,
-                std::io::Error::other("state file over 4 GiB"),
-            )
-        })?;
         let record = self
             .record
             .get_mut(start..)
             .expect("a record starts inside the buffer");
+        let end = self.offset + record.len() as u64;
+        let offset = u32::try_from(self.offset)
+            .ok()
+            .filter(|_| end <= u64::from(u32::MAX))
+            .ok_or_else(|| {
+                Error::io(
+                    "write",
+                    self.path,
+                    std::io::Error::other("state file over 4 GiB"),
+                )
+            })?;
         let (header, body) = record.split_at_mut(FRAME_HEADER_LEN);
         // A state file is synced whole before it is used: no record relies on `synced_to`.
         encode_frame(header, self.kind, body, self.segment_id, offset, 0);
@@ -352,5 +360,36 @@ mod tests {
         );
         assert!(one.len() > 2 * STATE_RECORD_BYTES_TARGET);
         assert!(one == bulk, "the same records, byte for byte");
+    }
+
+    /// A record that would start below 4 GiB but end past it is refused
+    /// before it is written, by the writer's own error.
+    #[test]
+    fn a_record_that_would_cross_4_gib_is_refused_unwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        let mut w = writer(&path);
+        w.entry(|b| {
+            state::encode_seen(
+                b,
+                SeenView {
+                    id: 1,
+                    payload: 2,
+                    at_secs: 3,
+                },
+            );
+        })
+        .unwrap();
+        let written = std::fs::metadata(&path).unwrap().len();
+        // The frame header, a one-byte count, the entry.
+        let record_len = (w.record.len() - (COUNT_BYTES_MAX - 1)) as u64;
+        w.offset = u64::from(u32::MAX) + 1 - record_len;
+        let err = w.flush().unwrap_err();
+        assert!(err.to_string().contains("state file over 4 GiB"), "{err}");
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), written);
+        // One byte less and it fits.
+        w.offset -= 1;
+        w.flush().unwrap();
+        assert!(std::fs::metadata(&path).unwrap().len() > written);
     }
 }
