@@ -1282,3 +1282,110 @@ fn the_log_lists_the_content_hash_each_batch_id_committed_with() {
     }
     assert!(apply(&store, &batch).unwrap().replayed);
 }
+
+/// A replay reports the first outcome whole: a batch with one delivery of
+/// each of the eight kinds, handed over again, comes back with all eight
+/// counts as they were, and `replayed`.
+#[test]
+fn a_replay_reports_every_count_of_the_first_outcome() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), options().on_conflict(OnConflict::Quarantine));
+    apply(
+        &store,
+        &Batch::new("B0")
+            .put("e1", "k1", 1, "a")
+            .put("e2", "k2", 1, "b")
+            .put("e3", "k3", 2, "c")
+            .add("e4", "n", 1, 1),
+    )
+    .unwrap();
+    let b1 = Batch::new("B1")
+        .put("e5", "k4", 1, "x")
+        .put("e6", "k1", 2, "a2")
+        .put("e7", "k2", 2, "b")
+        .put("e8", "k3", 1, "older")
+        .put("e1", "k1", 1, "a")
+        .delete("e9", "k3", 3)
+        .add("e10", "n", 2, 1)
+        .put("e2", "k2", 1, "other content");
+    let first = BatchReport {
+        inserted: 1,
+        updated: 1,
+        unchanged: 1,
+        stale: 1,
+        duplicates: 1,
+        deleted: 1,
+        added: 1,
+        rejected: 1,
+        replayed: false,
+    };
+    assert_eq!(apply(&store, &b1).unwrap(), first);
+    assert_eq!(
+        apply(&store, &b1).unwrap(),
+        BatchReport {
+            replayed: true,
+            ..first
+        }
+    );
+}
+
+/// Inside one batch, a put of the value the batch itself just inserted is
+/// unchanged, and it still advances the version.
+#[test]
+fn an_unchanged_put_inside_the_batch_that_inserted_the_value_advances_the_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), options());
+    let r = apply(
+        &store,
+        &Batch::new("B1")
+            .put("e1", "k", 1, "v")
+            .put("e2", "k", 2, "v"),
+    )
+    .unwrap();
+    assert_eq!(
+        r,
+        BatchReport {
+            inserted: 1,
+            unchanged: 1,
+            ..BatchReport::default()
+        }
+    );
+    assert_eq!(store.get("k").unwrap().unwrap().seq, 2);
+    let r = apply(&store, &Batch::new("B2").put("e3", "k", 2, "w")).unwrap();
+    assert_eq!(r.stale, 1, "{r:?}");
+}
+
+/// After an unchanged put advanced a stored key's version inside a batch,
+/// the batch's later deliveries of that key still see its stored value.
+#[test]
+fn deliveries_after_an_unchanged_put_in_the_same_batch_see_the_stored_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), options());
+    apply(
+        &store,
+        &Batch::new("B1")
+            .put("e1", "c", 1, "5")
+            .put("e2", "k", 1, "v"),
+    )
+    .unwrap();
+    let r = apply(
+        &store,
+        &Batch::new("B2")
+            .put("e3", "c", 2, "5")
+            .add("e4", "c", 3, 1)
+            .put("e5", "k", 2, "v")
+            .put("e6", "k", 3, "w"),
+    )
+    .unwrap();
+    assert_eq!(
+        r,
+        BatchReport {
+            unchanged: 2,
+            added: 1,
+            updated: 1,
+            ..BatchReport::default()
+        }
+    );
+    assert_eq!(&store.get("c").unwrap().unwrap().value[..], b"6");
+    assert_eq!(&store.get("k").unwrap().unwrap().value[..], b"w");
+}

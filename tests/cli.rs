@@ -1462,3 +1462,51 @@ fn an_inspection_says_what_its_open_recovered_from() {
     assert!(!store.join("SNAPSHOT").exists());
     assert!(ok(&["repair", "--store", s(&store)]).contains("nothing to repair"));
 }
+
+/// Twelve puts `k1`..`k12` (value n), then deletes of `k2` and of the
+/// absent key `gone`, ingested into `store` from a file in `dir`.
+fn ingest_puts_and_deletes(store: &Path, dir: &Path) {
+    let mut lines: Vec<String> = (1..=12)
+        .map(|n| format!(r#"{{"event_id":"v{n}","key":"k{n}","seq":{n},"op":"put","value":{n}}}"#))
+        .collect();
+    lines.push(r#"{"event_id":"d1","key":"k2","seq":50,"op":"delete"}"#.into());
+    lines.push(r#"{"event_id":"d2","key":"gone","seq":50,"op":"delete"}"#.into());
+    let file = dir.join("in.ndjson");
+    fs::write(&file, lines.join("\n") + "\n").unwrap();
+    ok(&["ingest", "--store", s(store), s(&file)]);
+}
+
+#[test]
+fn scan_with_a_prefix_prints_only_the_live_rows_under_it_in_key_order() {
+    let dir = tempdir();
+    let store = dir.path().join("store");
+    ingest_puts_and_deletes(&store, dir.path());
+    let keys = |prefix: &str| -> Vec<String> {
+        ok(&["scan", "--store", s(&store), "--prefix", prefix, "--json"])
+            .lines()
+            .map(|l| {
+                let row: Value = serde_json::from_str(l).unwrap();
+                row["key"].as_str().unwrap().to_owned()
+            })
+            .collect()
+    };
+    assert_eq!(keys("k1"), ["k1", "k10", "k11", "k12"]);
+    assert!(keys("k2").is_empty(), "k2 was deleted");
+    assert!(keys("gone").is_empty(), "a tombstone is no row");
+}
+
+#[test]
+fn stats_json_counts_each_kind_of_entry() {
+    let dir = tempdir();
+    let store = dir.path().join("store");
+    ingest_puts_and_deletes(&store, dir.path());
+    let stats: Value =
+        serde_json::from_str(ok(&["stats", "--store", s(&store), "--json"]).trim()).unwrap();
+    let count = |field: &str| stats[field].as_u64();
+    assert_eq!(count("live_keys"), Some(11));
+    assert_eq!(count("tombstones"), Some(2));
+    assert_eq!(count("seen_ids"), Some(14));
+    assert_eq!(count("batches"), Some(1));
+    assert_eq!(count("checkpoints"), Some(1));
+    assert_eq!(count("quarantined"), Some(0));
+}

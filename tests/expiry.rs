@@ -196,6 +196,80 @@ fn tombstones_never_expire_by_default_and_resurrect_when_they_do() {
     }
 }
 
+/// A tombstone holds older puts back for its whole TTL, to the millisecond
+/// (its second is rounded up, never down), and then no longer.
+#[test]
+fn a_tombstone_holds_older_puts_back_until_its_ttl_and_no_longer() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0_MS + 500);
+    let store = Store::open(dir.path(), options(&clock).tombstone_ttl(Some(HOUR))).unwrap();
+    store
+        .apply_batch(
+            &Batch::new("B1")
+                .put("p5", "k", 5, "old")
+                .delete("d9", "k", 9),
+        )
+        .unwrap();
+    clock.advance(HOUR - Duration::from_millis(1));
+    let r = store
+        .apply_batch(&Batch::new("B2").put("p7", "k", 7, "older"))
+        .unwrap();
+    assert_eq!((r.stale, r.inserted), (1, 0), "{r:?}");
+    assert!(store.get("k").unwrap().is_none());
+    clock.advance(Duration::from_secs(1));
+    let r = store
+        .apply_batch(&Batch::new("B3").put("p8", "k", 8, "older"))
+        .unwrap();
+    assert_eq!(r.inserted, 1, "{r:?}");
+}
+
+/// A seen id counts for its whole TTL, to the millisecond: a delta
+/// redelivered 1 ms before it ends is a duplicate, not applied again.
+#[test]
+fn a_delta_redelivered_a_millisecond_before_its_ids_ttl_is_a_duplicate() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0_MS + 999);
+    let ttl = Duration::from_secs(10);
+    let store = Store::open(dir.path(), options(&clock).seen_ttl(Some(ttl))).unwrap();
+    let b = |id: &str| Batch::new(id).add("a1", "c", 10, 5).put("p1", "k", 1, "v");
+    store.apply_batch(&b("B1")).unwrap();
+    clock.advance(ttl - Duration::from_millis(1));
+    let r = store.apply_batch(&b("B2")).unwrap();
+    assert_eq!(
+        r,
+        BatchReport {
+            duplicates: 2,
+            ..BatchReport::default()
+        }
+    );
+    assert_eq!(counter(&store, "c"), 5);
+}
+
+/// Two deltas of one key in one batch, the higher seq first: the key's
+/// floor is the higher seq, so once both ids expired the first delta is too
+/// late, not applied again.
+#[test]
+fn a_batchs_largest_add_seq_bounds_the_floor_whatever_the_order_of_its_adds() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0_MS);
+    let store = Store::open(dir.path(), options(&clock)).unwrap();
+    let r = store
+        .apply_batch(
+            &Batch::new("B1")
+                .add("a20", "c", 20, 5)
+                .add("a10", "c", 10, 1),
+        )
+        .unwrap();
+    assert_eq!(r.added, 2);
+    clock.advance(HOUR);
+    let late = store
+        .apply_batch(&Batch::new("B2").add("a20", "c", 20, 5))
+        .unwrap();
+    assert_eq!((late.added, late.rejected), (0, 1), "{late:?}");
+    let record = store.get("c").unwrap().unwrap();
+    assert_eq!((record.seq, counter(&store, "c")), (20, 6));
+}
+
 #[test]
 fn a_clock_that_goes_back_does_not_unexpire_anything() {
     let dir = tempfile::tempdir().unwrap();
@@ -222,33 +296,59 @@ fn a_clock_that_goes_back_does_not_unexpire_anything() {
     );
 }
 
+/// The counts and the digest after a reopen are copied from the log, so
+/// they alone would pass a reopen that lost every seen id or stamped its
+/// tombstones wrong: the reopened store must also go on to decide the next
+/// batches as a twin that was never closed decides them.
 #[test]
 fn replay_after_reopen_decides_exactly_what_the_live_store_decided() {
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, twin_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let clock = ManualClock::new(T0_MS);
+    let opts = || {
+        options(&clock)
+            .tombstone_ttl(Some(2 * HOUR))
+            .on_conflict(OnConflict::Quarantine)
+    };
+    let batch = |id: String, i: u64| {
+        Batch::new(id)
+            .put(
+                format!("e{}", i % 7),
+                format!("k{}", i % 5),
+                i % 9,
+                format!("v{i}"),
+            )
+            .add(format!("a{}", i % 6), "c", i % 11, 1)
+            .delete(format!("d{}", i % 4), format!("k{}", (i + 2) % 5), i % 8)
+    };
+    let store = Store::open(dir.path(), opts()).unwrap();
+    let twin = Store::open(twin_dir.path(), opts()).unwrap();
     let mut reports = Vec::new();
-    {
-        let store = Store::open(dir.path(), options(&clock)).unwrap();
-        for i in 0..40u64 {
-            let b = Batch::new(format!("B{i}"))
-                .put(
-                    format!("e{}", i % 7),
-                    format!("k{}", i % 5),
-                    i % 9,
-                    format!("v{i}"),
-                )
-                .add(format!("a{}", i % 6), "c", i % 11, 1)
-                .delete(format!("d{}", i % 4), format!("k{}", (i + 2) % 5), i % 8);
-            reports.push(store.apply_batch(&b).unwrap());
-            clock.advance(HOUR / 4);
-        }
-        let live = store.digest().unwrap();
-        drop(store);
-        let store = Store::open(dir.path(), options(&clock)).unwrap();
-        assert_eq!(store.digest().unwrap(), live);
-        let logged: Vec<BatchReport> = store.log().iter().map(|e| e.report).collect();
-        assert_eq!(logged, reports);
+    for i in 0..40u64 {
+        let b = batch(format!("B{i}"), i);
+        let report = store.apply_batch(&b).unwrap();
+        assert_eq!(twin.apply_batch(&b).unwrap(), report);
+        reports.push(report);
+        clock.advance(HOUR / 4);
     }
+    let live = store.digest().unwrap();
+    drop(store);
+    let store = Store::open(dir.path(), opts()).unwrap();
+    assert_eq!(store.digest().unwrap(), live);
+    let logged: Vec<BatchReport> = store.log().iter().map(|e| e.report).collect();
+    assert_eq!(logged, reports);
+    for i in 0..40u64 {
+        // Redeliveries of the first stretch's events, some expired by now,
+        // under new batch ids.
+        let b = batch(format!("R{i}"), i + 17);
+        assert_eq!(
+            store.apply_batch(&b).unwrap(),
+            twin.apply_batch(&b).unwrap(),
+            "batch R{i}"
+        );
+        clock.advance(HOUR / 8);
+    }
+    assert_eq!(store.digest().unwrap(), twin.digest().unwrap());
+    assert_eq!(store.quarantine(), twin.quarantine());
 }
 
 /// A store under `Sync` on a fault-injection disk, ids seen for 1 s, on a

@@ -202,11 +202,21 @@ fn a_failed_install_fails_no_batch_and_is_tried_again_after_as_much_log_again() 
         let storage = storage(is_background);
         let store = Store::open(dir(), options(&storage)).expect("open");
         storage.inject(Fault::new(OpKind::Rename, FaultError::Io));
+        // The index of the failed rename's operation, once it ran.
         let failed_rename = || {
             storage
                 .ops()
                 .iter()
-                .any(|o| o.kind == OpKind::Rename && o.failed)
+                .find(|o| o.kind == OpKind::Rename && o.failed)
+                .map(|o| o.index)
+        };
+        let log_bytes_after = |op: u64| -> u64 {
+            storage
+                .ops()
+                .iter()
+                .filter(|o| o.index > op && o.kind == OpKind::Write && is_segment(&o.path))
+                .map(|o| o.bytes)
+                .sum()
         };
         let mut failed_after = None;
         for i in 0..BATCHES {
@@ -223,14 +233,17 @@ fn a_failed_install_fails_no_batch_and_is_tried_again_after_as_much_log_again() 
                     std::thread::sleep(Duration::from_millis(1));
                 }
             }
-            if failed_after.is_none() && failed_rename() {
-                failed_after = Some((i, snapshot_writes(&storage)));
-            }
-            if let Some((at, writes)) = failed_after
-                && i <= at + 3
+            if failed_after.is_none()
+                && let Some(op) = failed_rename()
             {
-                // Each batch adds about 1 KiB of log, and the next try
-                // waits for 8 KiB: no snapshot is written meanwhile.
+                failed_after = Some((i, snapshot_writes(&storage), op));
+            }
+            if let Some((_, writes, op)) = failed_after
+                && log_bytes_after(op) + 2 * 1024 <= 8 * 1024
+            {
+                // The next try waits for 8 KiB of log after the failure (a
+                // batch adds about 1 KiB, and on the installer's thread the
+                // failure may come a batch late): none is written before.
                 assert_eq!(
                     snapshot_writes(&storage),
                     writes,
@@ -238,7 +251,7 @@ fn a_failed_install_fails_no_batch_and_is_tried_again_after_as_much_log_again() 
                 );
             }
         }
-        let (at, _) = failed_after.expect("an install was tried");
+        let (at, _, _) = failed_after.expect("an install was tried");
         assert!(
             has_file(&storage, &snapshot_path()),
             "background {is_background}: installed in a later try (the first failed after batch {at})"

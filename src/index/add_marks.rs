@@ -181,6 +181,14 @@ mod tests {
     }
 
     #[test]
+    fn a_window_holds_its_largest_seq_whatever_order_its_adds_come_in() {
+        let mut marks = AddMarks::new(Some(1_000));
+        marks.record(b"k", 20, 0);
+        marks.record(b"k", 10, 500);
+        assert_eq!(marks.floor(b"k", 1_000), Some(20));
+    }
+
+    #[test]
     fn without_a_ttl_nothing_is_too_late() {
         let mut marks = AddMarks::new(None);
         marks.record(b"k", 10, 0);
