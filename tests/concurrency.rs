@@ -537,3 +537,107 @@ fn writers_readers_compactions_and_snapshots_run_together() {
         assert_eq!(store.digest().unwrap(), digest, "{durability:?}");
     }
 }
+
+/// `Store::snapshot` under `Sync` syncs the log, then, under the writer
+/// lock, syncs it again before it publishes what was written: a batch
+/// written between the two, whose caller waits on another writer's
+/// gathering syncer, must not be acknowledged before a sync covers it.
+/// The test holds the snapshot right after its first sync while B and then
+/// C are written (C's caller waiting on B's syncer, which gathers), takes a
+/// power-loss image the moment C is acknowledged, and requires the log of
+/// that image (its snapshot removed, since a snapshot over a log that lacks
+/// C may still load it) to hold C.
+#[cfg(feature = "testing")]
+#[test]
+fn a_batch_written_while_a_snapshot_runs_is_acknowledged_only_once_synced() {
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use idemkv::ManualClock;
+    use idemkv::storage::{CrashPolicy, FaultyStorage, OpKind, Storage};
+
+    const TIMEOUT: Duration = Duration::from_secs(20);
+    let options = |storage: &FaultyStorage| {
+        Options::default()
+            .storage(Arc::new(storage.clone()))
+            .durability(Durability::Sync)
+            .zero_fill(false)
+            .snapshot_log_bytes(None)
+            .clock(Arc::new(ManualClock::new(1_700_000_000_000)))
+    };
+    let batch = |name: &str| Batch::new(name).put(format!("e-{name}"), format!("k-{name}"), 1, "v");
+    let is_segment = |path: &Path| path.extension().is_some_and(|e| e == "seg");
+    // Until `n` segment writes came after operation `after`, then 200 ms more.
+    let wait_for_writes = |storage: &FaultyStorage, after: u64, n: usize| {
+        let deadline = Instant::now() + TIMEOUT;
+        while storage
+            .ops()
+            .iter()
+            .filter(|o| o.index > after && o.kind == OpKind::Write && is_segment(&o.path))
+            .count()
+            < n
+        {
+            assert!(Instant::now() < deadline, "no record write");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+
+    let storage = FaultyStorage::new();
+    let store = Store::open("/db", options(&storage)).expect("open");
+    let (s, storage_ref) = (&store, &storage);
+    std::thread::scope(|scope| {
+        // Group commit learns that four writers are active (R1 to R3
+        // written while R0's sync runs), then that a sync takes two seconds
+        // (theirs, held): B's syncer will gather for C.
+        storage.pause_after_next_sync();
+        let r0 = scope.spawn(|| s.apply_batch(&batch("R0")));
+        let held = storage.wait_until_paused(TIMEOUT).expect("R0's sync held");
+        let others: Vec<_> = ["R1", "R2", "R3"]
+            .into_iter()
+            .map(|name| scope.spawn(move || s.apply_batch(&batch(name))))
+            .collect();
+        wait_for_writes(&storage, held, 3);
+        storage.resume();
+        storage.pause_after_next_sync();
+        r0.join().unwrap().expect("R0");
+        storage
+            .wait_until_paused(TIMEOUT)
+            .expect("the sync of R1 to R3 held");
+        std::thread::sleep(Duration::from_secs(2));
+        storage.resume();
+        for r in others {
+            r.join().unwrap().expect("R batch");
+        }
+
+        // The snapshot's first sync done and held; B written, its syncer
+        // gathering; C written, its caller waiting on that syncer.
+        storage.pause_after_next_sync();
+        let snapshot = scope.spawn(|| s.snapshot());
+        let held = storage
+            .wait_until_paused(TIMEOUT)
+            .expect("snapshot's sync held");
+        let b = scope.spawn(|| s.apply_batch(&batch("B")));
+        wait_for_writes(&storage, held, 1);
+        let c = scope.spawn(move || {
+            let acknowledged = s.apply_batch(&batch("C")).is_ok();
+            (
+                acknowledged,
+                storage_ref.crash_image(CrashPolicy::PowerLoss),
+            )
+        });
+        wait_for_writes(&storage, held, 2);
+        storage.resume();
+        let (acknowledged, image) = c.join().unwrap();
+        assert!(acknowledged, "C commits");
+        let _ = image.remove_file(Path::new("/db/SNAPSHOT"));
+        let reopened = Store::open("/db", options(&image)).expect("open the image");
+        assert!(
+            reopened.batch("C").expect("batch").is_some(),
+            "batch C was acknowledged before any sync covered it"
+        );
+        b.join().unwrap().expect("B");
+        snapshot.join().unwrap().expect("snapshot");
+    });
+}

@@ -988,3 +988,97 @@ fn a_store_of_a_newer_format_is_refused_before_anything_is_touched() {
         assert_eq!(listing(), before, "{file}: nothing deleted or moved");
     }
 }
+
+/// A sealed segment that lost the tail of its last record, under a snapshot
+/// that refers to values in that record: open starts from the snapshot and
+/// skips the segment's records, so only the check that every value the
+/// snapshot refers to lies inside the log finds the loss. It must, and open
+/// then reports the damaged record rather than trusting the snapshot.
+#[test]
+fn a_snapshot_whose_values_lie_past_a_shortened_sealed_segment_is_not_trusted() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options::default()
+        .segment_bytes_max(16 << 10)
+        .snapshot_log_bytes(None);
+    let seg = |id: u32| dir.path().join(format!("{id:010}.seg"));
+    {
+        let store = Store::open(dir.path(), options.clone()).unwrap();
+        // Each key written once: every value stays live, and the snapshot
+        // refers into every segment.
+        let mut i = 0u64;
+        while !seg(3).exists() {
+            let value = format!("{i}-{}", "v".repeat(1000));
+            store
+                .apply_batch(&Batch::new(format!("B{i}")).put(
+                    format!("e{i}"),
+                    format!("k{i:04}"),
+                    1,
+                    value,
+                ))
+                .unwrap();
+            i += 1;
+        }
+        store.snapshot().unwrap();
+        store.close().unwrap();
+    }
+    assert!(dir.path().join("SNAPSHOT").exists());
+    // Segment 1, sealed, loses the second half of its last record.
+    let (starts, end) = common::records(&seg(1));
+    let last = *starts.last().unwrap();
+    let file = fs::OpenOptions::new().write(true).open(seg(1)).unwrap();
+    file.set_len(last + (end - last) / 2).unwrap();
+    drop(file);
+
+    match Store::open(dir.path(), options) {
+        Err(Error::Corruption {
+            segment, offset, ..
+        }) => assert_eq!((segment, offset), (1, last), "names the damaged record"),
+        Err(e) => panic!("expected Corruption, got {e}"),
+        Ok(store) => panic!(
+            "open trusted a snapshot whose values lie past the end of segment 1 ({:?})",
+            store.stats()
+        ),
+    }
+}
+
+/// A final record whose checksums hold but whose kind this version does not
+/// know (a newer writer's, say) was written whole: it is corruption to
+/// report, never a torn tail to cut, which would drop it silently.
+#[test]
+fn a_whole_final_record_of_an_unknown_kind_is_corruption_not_a_torn_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let seg = dir.path().join("0000000001.seg");
+    {
+        let store = Store::open(dir.path(), Options::default()).unwrap();
+        for i in 1..=2u64 {
+            store
+                .apply_batch(&Batch::new(format!("B{i}")).put(format!("e{i}"), "k", i, "v"))
+                .unwrap();
+        }
+        store.close().unwrap();
+    }
+    let (starts, end) = common::records(&seg);
+    assert_eq!(starts.len(), 2);
+    let last = starts[1] as usize;
+    let mut bytes = fs::read(&seg).unwrap();
+    bytes.truncate(end as usize);
+    // The frame header: its CRC (4 bytes), then the kind and the rest the
+    // CRC covers, to byte 28.
+    bytes[last + 4] = 0x7f;
+    let crc = crc32fast::hash(&bytes[last + 4..last + 28]);
+    bytes[last..last + 4].copy_from_slice(&crc.to_le_bytes());
+    fs::write(&seg, &bytes).unwrap();
+    // No snapshot may cover the record and spare open from reading it.
+    let _ = fs::remove_file(dir.path().join("SNAPSHOT"));
+
+    match Store::open(dir.path(), Options::default()) {
+        Err(Error::Corruption {
+            segment, offset, ..
+        }) => assert_eq!((segment, offset), (1, last as u64)),
+        Err(e) => panic!("expected Corruption, got {e}"),
+        Ok(store) => panic!(
+            "open dropped a whole record as a torn tail (B2: {:?})",
+            store.batch("B2")
+        ),
+    }
+}
