@@ -26,7 +26,10 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use idemkv::storage::{CrashPolicy, FaultyStorage, OpKind, OpRecord, OpenMode, Storage};
-use idemkv::{Batch, BatchReport, Digest, Durability, ManualClock, Options, Record, Store};
+use idemkv::{
+    Batch, BatchReport, Digest, Durability, LogEntry, ManualClock, OnConflict, Options,
+    QuarantineEntry, Record, Store,
+};
 
 const SOURCE: &str = "src";
 const SEGMENT_BYTES_MAX: u64 = 2048;
@@ -44,6 +47,7 @@ fn options(storage: &FaultyStorage, durability: Durability) -> Options {
         // Automatic snapshots during the workload, so that crashes also
         // land in the ones `apply_batch` writes.
         .snapshot_log_bytes(Some(SNAPSHOT_LOG_BYTES))
+        .on_conflict(OnConflict::Quarantine)
         .clock(Arc::new(ManualClock::new(1_700_000_000_000)))
 }
 
@@ -53,7 +57,8 @@ fn value(i: usize, j: usize) -> Vec<u8> {
 
 /// The script: each batch puts three keys over a rotating set (inserts, then
 /// updates), some delete, all add to a counter, redeliver an event of the
-/// batch before, and set the checkpoint to their own index + 1. One batch is
+/// batch before (every fifth also another with other content, which is
+/// quarantined), and set the checkpoint to their own index + 1. One batch is
 /// delivered twice (the second time it is `replayed`).
 fn workload() -> Vec<Batch> {
     let mut batches: Vec<Batch> = Vec::new();
@@ -81,6 +86,16 @@ fn workload() -> Vec<Batch> {
                 value(p, 0),
             );
             b = b.add(format!("a{p}"), "visits", p as u64 * 10 + 10, p as i64 + 1);
+        }
+        if i % 5 == 4 {
+            // An event of the batch before with other content: quarantined.
+            let p = i - 1;
+            b = b.put(
+                format!("e{p}.1"),
+                format!("k{}", (p + 1) % 7),
+                (p as u64 + 1) * 10 + 1,
+                "other content",
+            );
         }
         b = b.checkpoint(SOURCE, (i as u64 + 1).to_be_bytes());
         batches.push(b);
@@ -124,7 +139,8 @@ struct Snap {
     rows: Vec<(Bytes, Record)>,
     checkpoint: Option<Bytes>,
     checkpoints: Vec<(Bytes, Bytes)>,
-    log: Vec<Bytes>,
+    log: Vec<LogEntry>,
+    quarantine: Vec<QuarantineEntry>,
 }
 
 fn snap(store: &Store) -> Snap {
@@ -136,7 +152,8 @@ fn snap(store: &Store) -> Snap {
             .expect("scan"),
         checkpoint: store.checkpoint(SOURCE).expect("checkpoint"),
         checkpoints: store.checkpoints(),
-        log: store.log().into_iter().map(|e| e.batch_id).collect(),
+        log: store.log(),
+        quarantine: store.quarantine(),
     }
 }
 

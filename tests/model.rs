@@ -334,6 +334,10 @@ enum Step {
         checkpoints: Vec<(usize, u8)>,
     },
     Reopen,
+    /// A snapshot, then a reopen that loads it.
+    Snapshot,
+    /// A compaction, then a reopen that loads its base.
+    Compact,
 }
 
 fn op_spec() -> impl Strategy<Value = OpSpec> {
@@ -383,6 +387,8 @@ fn step() -> impl Strategy<Value = Step> {
                 checkpoints,
             }),
         1 => Just(Step::Reopen),
+        1 => Just(Step::Snapshot),
+        1 => Just(Step::Compact),
     ]
 }
 
@@ -674,6 +680,20 @@ fn run(policy: OnConflict, steps: Vec<Step>) {
                 drop(store);
                 store = open(dir.path(), options(policy));
                 runner.check(&store, &format!("step {n}: reopen"));
+            }
+            Step::Snapshot | Step::Compact => {
+                let what = format!("step {n}: {step:?}");
+                match step {
+                    Step::Snapshot => store.snapshot().expect("snapshot"),
+                    _ => store.compact().map(drop).expect("compact"),
+                }
+                runner.check(&store, &what);
+                drop(store);
+                store = open(dir.path(), options(policy));
+                if matches!(step, Step::Snapshot) {
+                    assert!(store.stats().opened_from_snapshot, "{what}: loaded");
+                }
+                runner.check(&store, &format!("{what}, then a reopen"));
             }
             Step::Apply {
                 id,
