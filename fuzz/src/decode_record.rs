@@ -26,10 +26,11 @@
 
 use std::sync::OnceLock;
 
-use idemkv::{Error, ManualClock, Store};
+use idemkv::{ManualClock, Store};
 
 use crate::image::{START_MS, SeedStore, dir, disk_with, options, segment_name};
 use crate::layout::{self, FileKind, SEGMENT_HEADER_LEN};
+use crate::open_store::{exercise, expected};
 
 pub const CONTAINER_RAW_SEGMENT: u8 = 0;
 pub const CONTAINER_RAW_SNAPSHOT: u8 = 1;
@@ -89,13 +90,6 @@ fn framed(id: u32, kind: FileKind, records: &[(u8, &[u8])], synced: bool) -> Vec
     file
 }
 
-fn expected(what: &str, e: &Error) {
-    match e {
-        Error::Corruption { .. } | Error::Io { .. } => {}
-        other => panic!("{what}: unexpected error {other:?}"),
-    }
-}
-
 /// Runs one input.
 pub fn run(data: &[u8]) {
     let [container, flags, payload @ ..] = data else {
@@ -125,20 +119,22 @@ pub fn run(data: &[u8]) {
     let storage = disk_with(&files);
     let clock = ManualClock::new(START_MS + 3_600_000);
     let opts = options(&storage, &clock);
-    if let Err(e) = Store::verify_dir(dir(), &opts) {
-        expected("verify_dir", &e);
+    let verified = Store::verify_dir(dir(), &opts);
+    if let Err(e) = &verified {
+        expected("verify_dir", e);
     }
+    // With flag bit 0, `open_store`'s contracts on top of the decoders':
+    // what `verify_dir` passes, `open` opens, and a reopen sees the same.
     if flags & FLAG_OPEN != 0 {
-        match Store::open(dir(), opts) {
-            Ok(store) => {
-                if let Err(e) = store.digest() {
-                    expected("digest", &e);
-                }
-                let _ = store.log();
-                let _ = store.quarantine();
-                let _ = store.stats();
+        match Store::open(dir(), opts.clone()) {
+            Ok(store) => exercise(store, &opts, &clock),
+            Err(e) => {
+                expected("open", &e);
+                assert!(
+                    verified.is_err(),
+                    "verify_dir passed a directory that open refuses: {e}"
+                );
             }
-            Err(e) => expected("open", &e),
         }
     }
 }

@@ -226,7 +226,7 @@ fn store_options(storage: &FaultyStorage, clock: &ManualClock, flags: u8) -> Opt
 }
 
 /// An error that a damaged directory may give.
-fn expected(what: &str, e: &Error) {
+pub(crate) fn expected(what: &str, e: &Error) {
     match e {
         Error::Corruption { .. } | Error::Io { .. } | Error::UnsupportedFormat { .. } => {}
         other => panic!("{what}: unexpected error {other:?}"),
@@ -254,7 +254,7 @@ fn observe(store: &Store) -> Observed {
 
 /// Reads everything, applies one batch, reopens: the reopened store must
 /// see what the first one saw.
-fn exercise(store: Store, opts: &Options, clock: &ManualClock) {
+pub(crate) fn exercise(store: Store, opts: &Options, clock: &ManualClock) {
     let before = observe(&store);
     for key in ["k0", "k1", "k9", "visits", ""] {
         if let Err(e) = store.get(key) {
