@@ -641,3 +641,63 @@ fn a_batch_written_while_a_snapshot_runs_is_acknowledged_only_once_synced() {
         snapshot.join().unwrap().expect("snapshot");
     });
 }
+
+/// A batch waiting for its sync that rewrites a key with its committed
+/// value records a version bump, whose value is the published row's: a
+/// batch planned meanwhile that touches the key builds the pending effects,
+/// and the bump must find that row under them. It sees the new version (an
+/// older seq is stale), and the row keeps its value at the new seq.
+#[cfg(feature = "testing")]
+#[test]
+fn a_batch_planned_while_an_unchanged_put_waits_sees_the_bumped_version() {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use idemkv::storage::{FaultyStorage, OpKind};
+
+    const TIMEOUT: Duration = Duration::from_secs(20);
+    let storage = FaultyStorage::new();
+    let options = Options::default()
+        .storage(Arc::new(storage.clone()))
+        .durability(Durability::Sync)
+        // The held sync is A's commit sync.
+        .zero_fill(false);
+    let store = Store::open("/db", options).unwrap();
+    store
+        .apply_batch(&Batch::new("B0").put("e0", "k1", 5, "v0"))
+        .unwrap();
+    let writes = || {
+        storage
+            .ops()
+            .iter()
+            .filter(|o| o.kind == OpKind::Write)
+            .count()
+    };
+    let (first, later, written) = std::thread::scope(|scope| {
+        storage.pause_next(OpKind::SyncData);
+        let first = scope.spawn(|| store.apply_batch(&Batch::new("A").put("ea", "k1", 10, "v0")));
+        let mut written = storage.wait_until_paused(TIMEOUT).is_some();
+        let before = writes();
+        let later =
+            scope.spawn(|| store.apply_batch(&Batch::new("B1").put("eb", "k1", 7, "older")));
+        let deadline = Instant::now() + TIMEOUT;
+        while writes() <= before && !later.is_finished() {
+            if Instant::now() > deadline {
+                written = false;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        storage.resume();
+        (first.join(), later.join(), written)
+    });
+    assert!(written, "B1 was planned and written while A waited");
+    let first = first.expect("A's writer").expect("A");
+    assert_eq!(first.unchanged, 1, "{first:?}");
+    let later = later
+        .expect("B1's writer must not panic applying the pending bump")
+        .expect("B1");
+    assert_eq!(later.stale, 1, "k1 is at seq 10 once A commits: {later:?}");
+    let row = store.get("k1").unwrap().expect("row");
+    assert_eq!((row.seq, &row.value[..]), (10, &b"v0"[..]));
+}

@@ -311,6 +311,56 @@ pub(crate) fn parse_counter(bytes: &[u8]) -> Option<i64> {
 mod tests {
     use super::*;
 
+    /// Decoding bounds each count by the smallest entry it can have, so
+    /// that a forged count allocates nothing: a bound above the true
+    /// minimum would refuse real records. Records holding nothing but seen
+    /// entries (24 bytes each), or nothing but writes as small as they come
+    /// (a one-byte key, a one-byte seq, a delete: 4 bytes), decode.
+    #[test]
+    fn records_of_entries_of_the_smallest_size_decode() {
+        let body = |seen: &[(u128, u64)], keys: &[&[u8]]| {
+            let mut buf = Vec::new();
+            encode_batch_head(&mut buf, b"B", 0, 0, [0; 8]);
+            encode_seen(&mut buf, seen);
+            encode_writes_count(&mut buf, keys.len());
+            for key in keys {
+                encode_write(&mut buf, key, 1, WriteSource::Delete);
+            }
+            encode_checkpoints(&mut buf, std::iter::empty());
+            encode_quarantine(&mut buf, &[]);
+            encode_adds(&mut buf, &[]);
+            buf
+        };
+        let seen: Vec<(u128, u64)> = (0..8).map(|i| (i, 0)).collect();
+        let keys: [&[u8]; 8] = [b"a", b"b", b"c", b"d", b"e", b"f", b"g", b"h"];
+        for (buf, want) in [(body(&seen, &[]), (8, 0)), (body(&[], &keys), (0, 8))] {
+            let r = decode_batch(&buf).expect("decodes");
+            assert_eq!((r.seen.len(), r.writes.len()), want);
+            assert_eq!(decode_own_batch(&buf).expect("decodes"), r);
+        }
+    }
+
+    /// A body is exactly one record: bytes after its last field are
+    /// corruption (a length or count that reads short), never ignored.
+    #[test]
+    fn bytes_after_a_batch_record_do_not_decode() {
+        let mut buf = Vec::new();
+        encode_batch_head(&mut buf, b"B", 0, 0, [0; 8]);
+        encode_seen(&mut buf, &[]);
+        encode_writes_count(&mut buf, 0);
+        encode_checkpoints(&mut buf, std::iter::empty());
+        encode_quarantine(&mut buf, &[]);
+        encode_adds(&mut buf, &[]);
+        assert!(decode_batch(&buf).is_ok());
+        buf.push(0);
+        let err = decode_batch(&buf).unwrap_err();
+        assert_eq!(
+            (err.what, err.offset),
+            ("trailing bytes after record body", buf.len() - 1)
+        );
+        assert!(decode_own_batch(&buf).is_err());
+    }
+
     #[test]
     fn counter_text_round_trips() {
         for n in [0, 1, -1, 42, -300, i64::MAX, i64::MIN] {
