@@ -30,7 +30,7 @@ use idemkv::{ManualClock, Store};
 
 use crate::image::{START_MS, SeedStore, dir, disk_with, options, segment_name};
 use crate::layout::{self, FileKind, SEGMENT_HEADER_LEN};
-use crate::open_store::{exercise, expected};
+use crate::open_store::{expected, open_and_exercise};
 
 pub const CONTAINER_RAW_SEGMENT: u8 = 0;
 pub const CONTAINER_RAW_SNAPSHOT: u8 = 1;
@@ -126,15 +126,6 @@ pub fn run(data: &[u8]) {
     // With flag bit 0, `open_store`'s contracts on top of the decoders':
     // what `verify_dir` passes, `open` opens, and a reopen sees the same.
     if flags & FLAG_OPEN != 0 {
-        match Store::open(dir(), opts.clone()) {
-            Ok(store) => exercise(store, &opts, &clock),
-            Err(e) => {
-                expected("open", &e);
-                assert!(
-                    verified.is_err(),
-                    "verify_dir passed a directory that open refuses: {e}"
-                );
-            }
-        }
+        open_and_exercise(verified.is_ok(), &opts, &clock);
     }
 }

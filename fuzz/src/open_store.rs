@@ -254,7 +254,7 @@ fn observe(store: &Store) -> Observed {
 
 /// Reads everything, applies one batch, reopens: the reopened store must
 /// see what the first one saw.
-pub(crate) fn exercise(store: Store, opts: &Options, clock: &ManualClock) {
+fn exercise(store: Store, opts: &Options, clock: &ManualClock) {
     let before = observe(&store);
     for key in ["k0", "k1", "k9", "visits", ""] {
         if let Err(e) = store.get(key) {
@@ -301,6 +301,22 @@ pub(crate) fn exercise(store: Store, opts: &Options, clock: &ManualClock) {
     }
 }
 
+/// Opens the directory and `exercise`s the store; an open that fails must
+/// fail with an error a damaged directory may give, and only where
+/// `verify_dir` failed too (`verified` says whether it passed).
+pub(crate) fn open_and_exercise(verified: bool, opts: &Options, clock: &ManualClock) {
+    match Store::open(dir(), opts.clone()) {
+        Ok(store) => exercise(store, opts, clock),
+        Err(e) => {
+            expected("open", &e);
+            assert!(
+                !verified,
+                "verify_dir passed a directory that open refuses: {e}"
+            );
+        }
+    }
+}
+
 /// Runs one input.
 pub fn run(data: &[u8]) {
     let input = Input::parse(data);
@@ -313,16 +329,7 @@ pub fn run(data: &[u8]) {
     if let Err(e) = &verified {
         expected("verify_dir", e);
     }
-    match Store::open(dir(), opts.clone()) {
-        Ok(store) => exercise(store, &opts, &clock),
-        Err(e) => {
-            expected("open", &e);
-            assert!(
-                verified.is_err(),
-                "verify_dir passed a directory that open refuses: {e}"
-            );
-        }
-    }
+    open_and_exercise(verified.is_ok(), &opts, &clock);
 
     clock.advance(std::time::Duration::from_secs(1));
     match Store::repair(dir(), opts.clone()) {
