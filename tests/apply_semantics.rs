@@ -1174,6 +1174,19 @@ fn sizes_past_the_format_s_limits_act_as_those_limits() {
     assert_eq!(store.get("k").unwrap().unwrap().value, Bytes::from("v"));
 }
 
+/// A value limit past what the format holds acts as the format's own
+/// (half a record body, 512 MiB): a put one byte over it is invalid, not
+/// written, whatever the option says.
+#[test]
+fn a_value_limit_past_the_format_s_acts_as_the_format_s() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), Options::default().value_bytes_max(usize::MAX));
+    let value = vec![0u8; (1 << 29) + 1];
+    let result = apply(&store, &Batch::new("B1").put("e1", "k", 1, &value));
+    assert_invalid(result, "B1", 0, "e1");
+    assert_eq!(store.get("k").unwrap(), None);
+}
+
 /// An id longer than any valid one is named in the error by its start and
 /// length, not copied whole (a 10 MiB batch id made a 50 MB message).
 #[test]

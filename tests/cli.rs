@@ -1510,3 +1510,245 @@ fn stats_json_counts_each_kind_of_entry() {
     assert_eq!(count("checkpoints"), Some(1));
     assert_eq!(count("quarantined"), Some(0));
 }
+
+/// `stats` prints the same numbers as text and as `--json`, and its segments
+/// and disk bytes are those of the store's files: a row printed under the
+/// wrong name, or a field filled from the wrong counter, shows.
+#[test]
+fn stats_text_and_json_agree_and_match_the_files_on_disk() {
+    let dir = tempdir();
+    let store = dir.path().join("store");
+    ingest_puts_and_deletes(&store, dir.path());
+    let stats: Value =
+        serde_json::from_str(ok(&["stats", "--store", s(&store), "--json"]).trim()).unwrap();
+    let (mut segments, mut disk_bytes) = (0, 0);
+    for entry in fs::read_dir(&store).unwrap() {
+        let path = entry.unwrap().path();
+        let is_segment = path.extension().is_some_and(|e| e == "seg");
+        if is_segment || path.ends_with("SNAPSHOT") {
+            disk_bytes += fs::metadata(&path).unwrap().len();
+        }
+        segments += u64::from(is_segment);
+    }
+    assert_eq!(stats["segments"].as_u64(), Some(segments), "{stats}");
+    assert_eq!(stats["disk_bytes"].as_u64(), Some(disk_bytes), "{stats}");
+
+    let mut expected = String::new();
+    for (name, field) in [
+        ("live keys", "live_keys"),
+        ("tombstones", "tombstones"),
+        ("seen ids", "seen_ids"),
+        ("batches", "batches"),
+        ("checkpoints", "checkpoints"),
+        ("quarantined", "quarantined"),
+        ("segments", "segments"),
+        ("disk bytes", "disk_bytes"),
+    ] {
+        expected += &format!("{name:<14}{}\n", stats[field]);
+    }
+    let index = &stats["index_bytes"];
+    expected += &format!(
+        "index bytes   keys {}  seen {}  batches {}\n",
+        index["keys"], index["seen"], index["batches"]
+    );
+    assert_eq!(ok(&["stats", "--store", s(&store)]), expected);
+}
+
+/// The text run log has a header naming the eight counts, one row per batch
+/// (its counts in the header's order, then its batch id) and a last line
+/// with the number of batches; checked against `log --json`.
+#[test]
+fn log_text_shows_each_batch_s_counts_under_the_header_and_the_batch_count() {
+    let dir = tempdir();
+    let store = dir.path().join("store");
+    let file = dir.path().join("in.ndjson");
+    write_lines(
+        &file,
+        &lines_with(&[
+            (5, r#"{"event_id":"d1","key":"k2","seq":50,"op":"delete"}"#),
+            (
+                12,
+                r#"{"event_id":"v1","key":"k1","seq":1,"op":"put","value":{"n":1}}"#,
+            ),
+        ]),
+    );
+    ingest_json(&store, &file, &["--source", "in", "--batch-size", "10"]);
+    let entries = log(&store);
+    assert_eq!(entries.len(), 3);
+    let text = ok(&["log", "--store", s(&store)]);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), entries.len() + 2, "{text}");
+    let header: Vec<&str> = lines[0].split_whitespace().collect();
+    assert_eq!(header[2..10], COUNT_NAMES, "{text}");
+    assert_eq!(header[10], "batch", "{text}");
+    for (line, (batch_id, counts)) in lines[1..].iter().zip(&entries) {
+        let row: Vec<&str> = line.split_whitespace().collect();
+        let row_counts: Vec<u64> = row[1..9].iter().map(|c| c.parse().unwrap()).collect();
+        assert_eq!(row_counts, counts, "{line}");
+        assert_eq!(row[9], batch_id, "{line}");
+    }
+    assert_eq!(lines[entries.len() + 1], "3 committed batches", "{text}");
+}
+
+/// `quarantine` without `--json` prints one tab-separated row per rejected
+/// delivery (batch id, index in the batch, event id, reason) and then the
+/// count; checked against `quarantine --json`.
+#[test]
+fn quarantine_text_prints_batch_index_event_id_and_reason_columns() {
+    let dir = tempdir();
+    let store = dir.path().join("store");
+    let file = dir.path().join("in.ndjson");
+    let lines = lines_with(&[
+        (3, "this is not json"),
+        (7, r#"{"event_id":"v7","key":"k7","op":"put","value":1}"#),
+    ]);
+    write_lines(&file, &lines);
+    let args = [
+        "--source",
+        "in",
+        "--batch-size",
+        "5",
+        "--on-invalid",
+        "quarantine",
+    ];
+    assert_eq!(
+        ingest_json(&store, &file, &args)["rejected"].as_u64(),
+        Some(2)
+    );
+    let rows: Vec<Value> = ok(&["quarantine", "--store", s(&store), "--json"])
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut expected = String::new();
+    for row in &rows {
+        expected += &format!(
+            "{}\t{}\t{}\t{}\n",
+            row["batch_id"].as_str().unwrap(),
+            row["index"],
+            row["event_id"].as_str().unwrap(),
+            row["reason"].as_str().unwrap()
+        );
+    }
+    expected += "2 quarantined\n";
+    assert_eq!(ok(&["quarantine", "--store", s(&store)]), expected);
+    assert!(expected.starts_with("in:0-"), "{expected}");
+    assert!(expected.contains("\t2\tline:3\t"), "{expected}");
+    assert!(expected.contains("\t1\tline:7\t"), "{expected}");
+}
+
+/// `verify` says how many bytes it checked: all of an intact store's one
+/// segment. `repair` says how many it dropped: that segment's bytes from
+/// the first bad record on, and no whole segment.
+#[test]
+fn verify_and_repair_report_the_bytes_checked_and_dropped() {
+    let dir = tempdir();
+    let store = dir.path().join("store");
+    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/orders.ndjson");
+    ingest_json(&store, &sample, &["--batch-size", "4"]);
+    let segment = newest_segment(&store);
+    let mut bytes = fs::read(&segment).expect("read segment");
+    let len = bytes.len();
+    assert_eq!(
+        ok(&["verify", "--store", s(&store)]).trim(),
+        format!("ok: 1 segments, 5 records, {len} bytes checked")
+    );
+    bytes[len / 3] ^= 0x5a;
+    fs::write(&segment, &bytes).expect("write segment");
+    let repaired = ok(&["repair", "--store", s(&store)]);
+    let number_after = |word: &str| -> u64 {
+        let at = repaired
+            .find(word)
+            .unwrap_or_else(|| panic!("{word}: {repaired}"))
+            + word.len();
+        repaired[at..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{word}: {repaired}"))
+    };
+    let offset = number_after(" at offset ");
+    assert!(offset <= (len / 3) as u64, "{repaired}");
+    assert_eq!(number_after("dropped "), len as u64 - offset, "{repaired}");
+    assert!(
+        repaired.contains("bytes and 0 whole segments"),
+        "{repaired}"
+    );
+}
+
+/// `ingest` keeps a file's checkpoint under the file's canonical path;
+/// `checkpoint` finds it by another spelling of that path, as typed.
+#[test]
+fn checkpoint_finds_a_file_source_by_another_spelling_of_its_path() {
+    let dir = tempdir();
+    let store = dir.path().join("store");
+    let file = dir.path().join("in.ndjson");
+    write_lines(&file, &lines_with(&[]));
+    ok(&["ingest", "--store", s(&store), s(&file)]);
+    fs::create_dir(dir.path().join("sub")).unwrap();
+    let roundabout = dir.path().join("sub/../in.ndjson");
+    assert_eq!(
+        checkpoint(&store, s(&roundabout)),
+        Some(fs::metadata(&file).unwrap().len())
+    );
+}
+
+/// The `--json` report counts the lines read in this run, blank and bad
+/// ones included, and none of a rerun that finds nothing new.
+#[test]
+fn the_ingest_report_counts_the_lines_it_read() {
+    let dir = tempdir();
+    let store = dir.path().join("store");
+    let file = dir.path().join("in.ndjson");
+    write_lines(&file, &lines_with(&[(4, ""), (9, "this is not json")]));
+    let args = ["--batch-size", "7", "--on-invalid", "quarantine"];
+    let report = ingest_json(&store, &file, &args);
+    assert_eq!(report["lines"].as_u64(), Some(30), "{report}");
+    assert_eq!(report["batches"].as_u64(), Some(5), "{report}");
+    let again = ingest_json(&store, &file, &args);
+    assert_eq!(again["lines"].as_u64(), Some(0), "{again}");
+}
+
+/// `scan` without `--json` prints text columns, `key<TAB>seq<TAB>value`
+/// with the value as canonical JSON, in key order.
+#[test]
+fn scan_without_json_prints_tab_separated_columns() {
+    let dir = tempdir();
+    let store = dir.path().join("store");
+    ingest_puts_and_deletes(&store, dir.path());
+    assert_eq!(
+        ok(&["scan", "--store", s(&store), "--prefix", "k1"]),
+        "k1\t1\t1\nk10\t10\t10\nk11\t11\t11\nk12\t12\t12\n"
+    );
+}
+
+/// `log --json` gives each batch the wall-clock time it committed at, in
+/// milliseconds since the epoch, in commit order.
+#[test]
+fn log_json_stamps_each_batch_with_its_commit_time() {
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+    };
+    let dir = tempdir();
+    let store = dir.path().join("store");
+    let file = dir.path().join("in.ndjson");
+    write_lines(&file, &lines_with(&[]));
+    let before = now_ms();
+    ingest_json(&store, &file, &["--batch-size", "10"]);
+    let after = now_ms();
+    let stamps: Vec<u64> = ok(&["log", "--store", s(&store), "--json"])
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            v["committed_ms"].as_u64().expect("committed_ms")
+        })
+        .collect();
+    assert_eq!(stamps.len(), 3);
+    assert!(stamps.windows(2).all(|w| w[0] <= w[1]), "{stamps:?}");
+    assert!(
+        stamps.iter().all(|&ms| (before..=after).contains(&ms)),
+        "{before}..={after}: {stamps:?}"
+    );
+}

@@ -1082,3 +1082,20 @@ fn a_whole_final_record_of_an_unknown_kind_is_corruption_not_a_torn_tail() {
         ),
     }
 }
+
+/// `verify` reports the bytes it checked: the records of every segment, so
+/// a store of several segments counts them all, not the last one only.
+#[test]
+fn verify_counts_the_bytes_of_every_segment() {
+    let options = buffered(Options::default().segment_bytes_max(4096));
+    let built = build(options, 60, 40);
+    let segs = segments(built.dir.path());
+    assert!(segs.len() >= 3, "{segs:?}");
+    let verified = built.store.verify().expect("verify an intact store");
+    assert_eq!(verified.segments, segs.len() as u64);
+    assert_eq!(
+        verified.bytes,
+        segs.iter().map(|(_, end)| end).sum::<u64>(),
+        "{verified:?} {segs:?}"
+    );
+}

@@ -321,6 +321,28 @@ mod tests {
         assert_eq!(canon("0.10"), "0.1");
     }
 
+    /// The module's rule: an integer no f64 holds prints plainly up to 40
+    /// digits, and only from 41 digits on as `d.ddde±x`.
+    #[test]
+    fn integers_of_up_to_forty_digits_print_plainly() {
+        let forty = "1234567890123456789012345678901234567891";
+        assert_eq!(forty.len(), 40);
+        assert_eq!(canon(forty), forty);
+        assert_eq!(canon(&format!("{forty}.0")), forty);
+        assert_eq!(
+            canon(&format!("{forty}3")),
+            "1.2345678901234567890123456789012345678913e40"
+        );
+    }
+
+    /// Minimal escaping uses the two-character escapes JSON has for
+    /// backspace and form feed, as for `\n`, `\r` and `\t`.
+    #[test]
+    fn backspace_and_form_feed_use_their_short_escapes() {
+        assert_eq!(canon(r#""a\u0008b\u000cc""#), r#""a\bb\fc""#);
+        assert_eq!(string_literal("\u{8}\u{c}\u{7}"), r#""\b\f\u0007""#);
+    }
+
     #[test]
     fn canonical_text_is_a_fixed_point() {
         let once = canon(r#"{"b":"\t\"x\"","a":[1.25,-3,{"k":"v"}]}"#);

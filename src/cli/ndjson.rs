@@ -599,6 +599,31 @@ mod tests {
         }
     }
 
+    /// The limit is inclusive: an id of exactly `EVENT_ID_BYTES_MAX` bytes is
+    /// an event (the engine takes it), one byte more is not.
+    #[test]
+    fn an_event_id_of_exactly_the_limit_is_accepted() {
+        let line = |id: &str| format!(r#"{{"event_id":"{id}","key":"k","seq":1,"op":"delete"}}"#);
+        let at_limit = "x".repeat(EVENT_ID_BYTES_MAX);
+        let d = parse(&line(&at_limit)).expect("an id at the limit");
+        assert_eq!(d.event_id.len(), EVENT_ID_BYTES_MAX);
+        let err = parse(&line(&format!("{at_limit}x"))).expect_err("one byte over");
+        assert!(err.reason.contains("more than 4096"), "{err}");
+    }
+
+    /// A seq given as a string is decimal digits only: `u64::from_str` also
+    /// takes a leading `+`, which would make `"+5"` and `"5"` one version.
+    #[test]
+    fn a_seq_string_with_a_sign_is_refused() {
+        for seq in [r#""+5""#, r#""-5""#, r#"" 5""#, r#""""#] {
+            let line = format!(r#"{{"event_id":"e","key":"k","seq":{seq},"op":"delete"}}"#);
+            let err = parse(&line).expect_err(seq);
+            assert!(err.reason.contains("\"seq\""), "{seq}: {err}");
+        }
+        let d = parse(r#"{"event_id":"e","key":"k","seq":"05","op":"delete"}"#).expect("digits");
+        assert_eq!(d.seq, 5);
+    }
+
     #[test]
     fn messages_stay_short_whatever_the_input() {
         let long = "x".repeat(10_000);

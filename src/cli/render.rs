@@ -208,6 +208,17 @@ mod tests {
         assert_eq!(row_text(b"k\t1", &row), "k\\t1\t2\tline\\nbreak");
     }
 
+    /// C1 control characters are controls too: U+009B is a terminal's CSI
+    /// and U+0085 a line break to some readers, so a key holding them could
+    /// restyle the output or forge a row.
+    #[test]
+    fn text_columns_escape_c1_control_characters() {
+        assert_eq!(
+            bytes_text("a\u{9b}31mb\u{85}c".as_bytes()),
+            r"a\u{9b}31mb\u{85}c"
+        );
+    }
+
     #[test]
     fn timestamps_are_utc() {
         assert_eq!(utc_timestamp(0), "1970-01-01T00:00:00.000Z");
