@@ -350,13 +350,7 @@ fn batches_planned_while_another_waits_for_its_sync_see_exactly_what_it_touched(
         ),
     ];
     let timeout = Duration::from_secs(20);
-    let writes = || {
-        storage
-            .ops()
-            .iter()
-            .filter(|o| o.kind == OpKind::Write)
-            .count()
-    };
+    let writes = || storage.op_count_of(OpKind::Write);
     // False if the writes do not happen in time (the sync is then let go
     // before the test fails, so that no thread is left waiting for it).
     let wait_for_writes = |at_least: usize| {
@@ -666,13 +660,7 @@ fn a_batch_planned_while_an_unchanged_put_waits_sees_the_bumped_version() {
     store
         .apply_batch(&Batch::new("B0").put("e0", "k1", 5, "v0"))
         .unwrap();
-    let writes = || {
-        storage
-            .ops()
-            .iter()
-            .filter(|o| o.kind == OpKind::Write)
-            .count()
-    };
+    let writes = || storage.op_count_of(OpKind::Write);
     let (first, later, written) = std::thread::scope(|scope| {
         storage.pause_next(OpKind::SyncData);
         let first = scope.spawn(|| store.apply_batch(&Batch::new("A").put("ea", "k1", 10, "v0")));

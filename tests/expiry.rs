@@ -387,13 +387,7 @@ fn an_id_recorded_again_while_an_older_record_of_it_waits_for_its_sync_is_a_dupl
     let timeout = Duration::from_secs(20);
     let writes = |at_least: u64| {
         let deadline = std::time::Instant::now() + timeout;
-        while storage
-            .ops()
-            .iter()
-            .filter(|o| o.kind == OpKind::Write)
-            .count()
-            < at_least as usize
-        {
+        while storage.op_count_of(OpKind::Write) < at_least as usize {
             assert!(std::time::Instant::now() < deadline, "the writes happen");
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -404,11 +398,7 @@ fn an_id_recorded_again_while_an_older_record_of_it_waits_for_its_sync_is_a_dupl
         storage
             .wait_until_paused(timeout)
             .expect("B1's sync starts");
-        let written = storage
-            .ops()
-            .iter()
-            .filter(|o| o.kind == OpKind::Write)
-            .count() as u64;
+        let written = storage.op_count_of(OpKind::Write) as u64;
         // B1 waits for its sync; its record of "x" expires.
         clock.advance(Duration::from_secs(2));
         let b = scope.spawn(|| store.apply_batch(&large));
@@ -543,13 +533,7 @@ fn add_while_pending(
         .unwrap();
     clock.advance(before);
     let timeout = Duration::from_secs(20);
-    let writes = || {
-        storage
-            .ops()
-            .iter()
-            .filter(|o| o.kind == OpKind::Write)
-            .count()
-    };
+    let writes = || storage.op_count_of(OpKind::Write);
     let reports = std::thread::scope(|scope| {
         storage.pause_next(OpKind::SyncData);
         let a = scope.spawn(|| store.apply_batch(first));

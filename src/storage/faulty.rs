@@ -623,6 +623,18 @@ impl FaultyStorage {
         self.shared.disk.lock().ops.len() as u64
     }
 
+    /// Operations of `kind` started so far (without copying the log of
+    /// every operation, as `ops` does).
+    pub fn op_count_of(&self, kind: OpKind) -> usize {
+        self.shared
+            .disk
+            .lock()
+            .ops
+            .iter()
+            .filter(|o| o.kind == kind)
+            .count()
+    }
+
     /// Every operation so far, in order.
     pub fn ops(&self) -> Vec<OpRecord> {
         self.shared.disk.lock().ops.clone()
