@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idemkv::{Batch, Durability, ManualClock, Options, Store};
+use idemkv::{Batch, Durability, ManualClock, OnConflict, Options, Store};
 
 const HOUR: Duration = Duration::from_secs(3600);
 const T0_MS: u64 = 1_700_000_000_000;
@@ -720,5 +720,110 @@ fn expiry_state_comes_back_from_a_snapshot_or_a_base_exactly() {
         assert_eq!((late.stale, late.rejected), (1, 1), "{what}: {late:?}");
         assert_eq!(store.get("k").unwrap(), None, "{what}");
         assert_eq!(&store.get("c").unwrap().unwrap().value[..], b"6", "{what}");
+    }
+}
+
+/// A state file holds what the log may: a checkpoint position up to 64 KiB
+/// and a quarantined event id past the 4 KiB an event id may have (it was
+/// refused for that length). Both come back from a base and from a snapshot.
+#[test]
+fn the_longest_checkpoint_position_and_an_over_long_quarantined_id_outlive_a_state_file() {
+    for compacted in [false, true] {
+        let what = if compacted { "base" } else { "snapshot" };
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(T0_MS);
+        let options = || options(&clock).on_conflict(OnConflict::Quarantine);
+        let store = Store::open(dir.path(), options()).unwrap();
+        let long_id = "i".repeat(5_000);
+        let report = store
+            .apply_batch(
+                &Batch::new("B1")
+                    .put("e1", "k", 1, "v")
+                    .put(long_id.as_str(), "k2", 1, "v")
+                    .checkpoint("src", vec![7u8; 65_536]),
+            )
+            .unwrap();
+        assert_eq!((report.inserted, report.rejected), (1, 1), "{what}");
+        let quarantine = store.quarantine();
+        assert_eq!(&quarantine[0].event_id[..], long_id.as_bytes(), "{what}");
+        let before = observe(&store);
+        if compacted {
+            store.compact().unwrap();
+        } else {
+            store.snapshot().unwrap();
+        }
+        store.close().unwrap();
+
+        let store = Store::open(dir.path(), options()).unwrap();
+        // A base is the log, which open must load; a snapshot it could
+        // replay around, so it must have been used.
+        let stats = store.stats();
+        assert!(compacted || stats.opened_from_snapshot, "{stats:?}");
+        assert_eq!(observe(&store), before, "{what}");
+        assert_eq!(store.quarantine(), quarantine, "{what}");
+    }
+}
+
+/// Values may be larger than the 1 MiB at which a state record is closed
+/// (up to `value_bytes_max`): a base holds each inline, one record apiece
+/// here, and gives them back whole.
+#[test]
+fn values_larger_than_a_state_record_come_back_from_a_base() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0_MS);
+    let options = || options(&clock).value_bytes_max(4 << 20);
+    let store = Store::open(dir.path(), options()).unwrap();
+    let value = |i: u8| vec![i; 3 << 19];
+    store
+        .apply_batch(
+            &Batch::new("B1")
+                .put("e1", "k1", 1, value(1))
+                .put("e2", "k2", 1, value(2)),
+        )
+        .unwrap();
+    store.compact().unwrap();
+    store.close().unwrap();
+
+    let store = Store::open(dir.path(), options()).unwrap();
+    for (key, i) in [("k1", 1), ("k2", 2)] {
+        let got = store.get(key).unwrap().expect("live");
+        assert!(got.value[..] == value(i)[..], "{key}");
+    }
+}
+
+/// Batch ids expire oldest first (`batch_ttl`), and a state file keeps
+/// them in commit order so that they still do once it is loaded: after a
+/// reopen from a snapshot or a base, a compaction drops the batch ids past
+/// their ttl, though newer ones are not.
+#[test]
+fn batch_ids_loaded_from_a_state_file_still_expire_oldest_first() {
+    for compacted in [false, true] {
+        let what = if compacted { "base" } else { "snapshot" };
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(T0_MS);
+        let store = Store::open(dir.path(), options(&clock)).unwrap();
+        for i in 0..20 {
+            store.apply_batch(&batch(i)).unwrap();
+        }
+        clock.advance(HOUR / 2);
+        for i in 20..40 {
+            store.apply_batch(&batch(i)).unwrap();
+        }
+        // Nothing has expired yet: the state file holds all 40.
+        if compacted {
+            assert_eq!(store.compact().unwrap().batch_ids_dropped, 0);
+        } else {
+            store.snapshot().unwrap();
+        }
+        store.close().unwrap();
+
+        // The first 20 are past the batch ttl (an hour) on the log's clock,
+        // which a new batch moves on; the rest are not.
+        clock.advance(HOUR * 3 / 4);
+        let store = Store::open(dir.path(), options(&clock)).unwrap();
+        store.apply_batch(&batch(40)).unwrap();
+        let report = store.compact().unwrap();
+        assert_eq!(report.batch_ids_dropped, 20, "{what}: {report:?}");
+        assert_eq!(store.stats().batches, 21, "{what}");
     }
 }

@@ -996,6 +996,24 @@ fn a_store_of_a_newer_format_is_refused_before_anything_is_touched() {
 /// then reports the damaged record rather than trusting the snapshot.
 #[test]
 fn a_snapshot_whose_values_lie_past_a_shortened_sealed_segment_is_not_trusted() {
+    open_under_a_snapshot_after_segment_1_lost_half_its_last_record(|i| format!("k{i:04}"));
+}
+
+/// As above, with keys named in the reverse of the order they were written:
+/// the key the snapshot lists last in segment 1 is the one written first,
+/// so the check must take the furthest reference into a segment, not the
+/// last one.
+#[test]
+fn a_shortened_sealed_segment_is_found_whatever_order_its_keys_sort_in() {
+    open_under_a_snapshot_after_segment_1_lost_half_its_last_record(|i| {
+        format!("k{:04}", 9_999 - i)
+    });
+}
+
+/// Fills segments 1 and 2 with values the snapshot refers to, each key
+/// (named by `key`) written once, cuts segment 1 short in its last record,
+/// and expects open to report that record rather than trust the snapshot.
+fn open_under_a_snapshot_after_segment_1_lost_half_its_last_record(key: fn(u64) -> String) {
     let dir = tempfile::tempdir().unwrap();
     let options = Options::default()
         .segment_bytes_max(16 << 10)
@@ -1009,12 +1027,7 @@ fn a_snapshot_whose_values_lie_past_a_shortened_sealed_segment_is_not_trusted() 
         while !seg(3).exists() {
             let value = format!("{i}-{}", "v".repeat(1000));
             store
-                .apply_batch(&Batch::new(format!("B{i}")).put(
-                    format!("e{i}"),
-                    format!("k{i:04}"),
-                    1,
-                    value,
-                ))
+                .apply_batch(&Batch::new(format!("B{i}")).put(format!("e{i}"), key(i), 1, value))
                 .unwrap();
             i += 1;
         }

@@ -527,4 +527,108 @@ mod tests {
         assert_eq!(decode_state(KIND_END, &end), Ok(StateRecord::End(want)));
         assert!(decode_state(1, &end).is_err());
     }
+
+    /// The decoder refuses what no writer makes (DESIGN.md, "State
+    /// records"): an empty key, an empty batch id, a floor flag other than 0
+    /// or 1. Each case is otherwise a well-formed one-entry section.
+    #[test]
+    fn an_empty_key_an_empty_batch_id_or_a_floor_flag_past_1_is_refused() {
+        let key = |key: &[u8]| {
+            section(KIND_KEYS, |b| {
+                encode_key(b, key, 1, KeyValue::Tombstone { at_secs: 2 });
+                1
+            })
+        };
+        let batch = |batch_id: &[u8]| {
+            section(KIND_BATCHES, |b| {
+                let view = BatchView {
+                    batch_id,
+                    content_hash: 1,
+                    committed_ms: 2,
+                    counts: [0; 8],
+                };
+                encode_batch(b, &view);
+                1
+            })
+        };
+        let mark = |flag: u8| {
+            let (kind, mut body) = section(KIND_ADD_MARKS, |b| {
+                let view = AddMarkView {
+                    key: b"c",
+                    floor: Some(3),
+                    window_start_ms: 4,
+                    window_seq: 5,
+                };
+                encode_add_mark(b, &view);
+                1
+            });
+            // The count, the key's length and its one byte, then the flag.
+            assert_eq!(body[3], 1, "the flag of a mark with a floor");
+            body[3] = flag;
+            (kind, body)
+        };
+        // `batch(b"B")` is the smallest batch entry there is: a one-byte id
+        // and eight one-byte counts.
+        for (kind, body) in [key(b"k"), batch(b"B"), mark(0), mark(1)] {
+            assert!(decode_state(kind, &body).is_ok(), "kind {kind}");
+        }
+        let (kind, body) = key(b"");
+        assert_eq!(decode_state(kind, &body).unwrap_err().what, "empty key");
+        let err = for_each_key(&body, |_| Ok(())).unwrap_err();
+        assert_eq!(err.what, "empty key");
+        let (kind, body) = batch(b"");
+        assert_eq!(
+            decode_state(kind, &body).unwrap_err().what,
+            "empty batch id"
+        );
+        for flag in [2, 0xff] {
+            let (kind, body) = mark(flag);
+            assert_eq!(
+                decode_state(kind, &body).unwrap_err().what,
+                "bad add mark floor flag",
+                "flag {flag}"
+            );
+        }
+    }
+
+    /// A record body holds its entries and nothing after them: a byte past
+    /// the last entry is refused, by `decode_state` for every kind and by the
+    /// entry-by-entry decoders of keys and seen ids.
+    #[test]
+    fn a_byte_after_the_last_entry_of_any_state_record_is_refused() {
+        let mut records = vec![
+            section(KIND_KEYS, |b| {
+                encode_key(b, b"k", 1, KeyValue::Tombstone { at_secs: 2 });
+                1
+            }),
+            section(KIND_SEEN, |b| {
+                let view = SeenView {
+                    id: 1,
+                    payload: 2,
+                    at_secs: 3,
+                };
+                encode_seen(b, view);
+                1
+            }),
+            section(KIND_CHECKPOINTS, |b| {
+                encode_checkpoint(b, b"src", b"1");
+                1
+            }),
+        ];
+        let mut end = Vec::new();
+        encode_end(&mut end, &StateEnd::default());
+        records.push((KIND_END, end));
+        for (kind, mut body) in records {
+            assert!(decode_state(kind, &body).is_ok(), "kind {kind}");
+            body.push(0);
+            let err = decode_state(kind, &body).unwrap_err();
+            assert_eq!(err.offset, body.len() - 1, "kind {kind}: {err:?}");
+            let each = match kind {
+                KIND_KEYS => for_each_key(&body, |_| Ok(())),
+                KIND_SEEN => for_each_seen(&body, |_| Ok(())),
+                _ => continue,
+            };
+            assert_eq!(each.unwrap_err().offset, body.len() - 1, "kind {kind}");
+        }
+    }
 }

@@ -783,4 +783,184 @@ mod tests {
             );
         }
     }
+
+    /// Seen ids are looked up by binary search in the run they load into,
+    /// so ids out of order or repeated, within a record or across two, are
+    /// refused rather than loaded where no lookup finds them.
+    #[test]
+    fn seen_ids_out_of_order_or_repeated_are_refused_on_either_path() {
+        let cases = [
+            vec![seen_record([1, 3, 2].into_iter())],
+            vec![seen_record([1, 2, 2].into_iter())],
+            vec![seen_record(1..3), seen_record(2..4)],
+        ];
+        for seen in cases {
+            let mut records = vec![key_record(0..1)];
+            records.extend(seen);
+            records.push(end_record(1, 3));
+            let file = snapshot_of(&records);
+            for key_thread in [false, true] {
+                let e = load(&file, key_thread).expect_err("unsorted seen ids");
+                assert_eq!(
+                    e.what, "seen ids are not sorted and unique",
+                    "key thread: {key_thread}"
+                );
+            }
+        }
+    }
+
+    /// A base's value is found where it lies inside the record, and the
+    /// index knows its CRC, as after a write (DESIGN.md, "Values").
+    #[test]
+    fn a_base_value_loads_as_its_place_in_the_record_and_its_checksum() {
+        let body = keys_record(KeyValue::Inline {
+            value: b"value",
+            value_at: 0,
+        });
+        let record = RecordRef {
+            kind: state::KIND_KEYS,
+            offset: 80,
+            synced_to: 0,
+            body_at: 108,
+            body: &body,
+        };
+        let mut index = Index::default();
+        StateLoader::new(FileKind::Base)
+            .apply(&mut index, &record, 7)
+            .expect("loads");
+        index.keys.finish_bulk();
+        let v = index.keys.get(b"k").and_then(|e| e.value()).expect("live");
+        assert_eq!((v.segment, v.len), (7, 5));
+        let at = (v.offset - record.body_at) as usize;
+        assert_eq!(&body[at..at + 5], b"value");
+        assert_eq!(v.crc, Some(crc32fast::hash(b"value")));
+    }
+
+    /// A reference's value is read with the CRC in the 4 bytes before it,
+    /// so one that leaves no room for them is refused, never read.
+    #[test]
+    fn a_value_reference_with_no_room_for_its_checksum_before_it_is_refused() {
+        let load = |offset| {
+            let body = keys_record(KeyValue::Ref {
+                segment: 1,
+                offset,
+                len: 1,
+                crc: None,
+            });
+            let record = RecordRef {
+                kind: state::KIND_KEYS,
+                offset: 80,
+                synced_to: 0,
+                body_at: 108,
+                body: &body,
+            };
+            StateLoader::new(FileKind::Snapshot).apply(&mut Index::default(), &record, 0)
+        };
+        assert!(load(4).is_ok());
+        for offset in [0, 3] {
+            assert_eq!(
+                load(offset).map_err(|e| e.what),
+                Err("value reference before its checksum"),
+                "offset {offset}"
+            );
+        }
+    }
+
+    /// The extent of a segment is the furthest byte any reference into it
+    /// reaches, not the last one loaded: keys come in key order, their
+    /// values in whatever order they were written.
+    #[test]
+    fn a_segments_extent_is_its_furthest_reference_in_any_key_order() {
+        let mut body = Vec::new();
+        state::encode_count(&mut body, 3);
+        for (key, offset) in [(b"a", 500), (b"b", 900), (b"c", 100)] {
+            let value = KeyValue::Ref {
+                segment: 2,
+                offset,
+                len: 10,
+                crc: None,
+            };
+            state::encode_key(&mut body, key, 1, value);
+        }
+        let file = snapshot_of(&[(state::KIND_KEYS, body), end_record(3, 0)]);
+        for key_thread in [false, true] {
+            let (_, extents) = load(&file, key_thread).expect("loads");
+            assert_eq!(extents, vec![(2, 910)], "key thread: {key_thread}");
+        }
+    }
+
+    /// `END`'s totals prove that no record is missing: a file whose records
+    /// hold more or fewer entries than they say is refused.
+    #[test]
+    fn totals_that_differ_from_the_entries_read_are_refused_on_either_path() {
+        for (keys, seen) in [(3, 2), (2, 2), (4, 2), (3, 1), (3, 3)] {
+            let file = snapshot_of(&[key_record(0..3), seen_record(1..3), end_record(keys, seen)]);
+            for key_thread in [false, true] {
+                let loaded = load(&file, key_thread).map(|_| ()).map_err(|e| e.what);
+                if (keys, seen) == (3, 2) {
+                    assert_eq!(loaded, Ok(()));
+                } else {
+                    assert_eq!(
+                        loaded,
+                        Err("state totals do not match the records read"),
+                        "totals ({keys}, {seen}), key thread: {key_thread}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// `END` is the last record: anything after it (here a second `END`,
+    /// which section order alone would let through) is refused.
+    #[test]
+    fn a_record_after_the_end_record_is_refused() {
+        let file = snapshot_of(&[key_record(0..2), end_record(2, 0), end_record(2, 0)]);
+        for key_thread in [false, true] {
+            let e = load(&file, key_thread).expect_err("two end records");
+            assert_eq!(e.what, "state record after the end record");
+        }
+    }
+
+    /// The log's clock, like every commit time, stays below 2^32 seconds
+    /// (DESIGN.md, "Limits"): a state file past it is refused.
+    #[test]
+    fn a_log_time_past_the_latest_commit_time_is_refused() {
+        let file_at = |log_time_ms| {
+            let mut end = Vec::new();
+            let state_end = StateEnd {
+                log_time_ms,
+                covered_segment: 3,
+                covered_offset: 64,
+                first_segment: 1,
+                totals: [0; 6],
+            };
+            state::encode_end(&mut end, &state_end);
+            snapshot_of(&[(state::KIND_END, end)])
+        };
+        let (index, _) = load(&file_at(COMMIT_MS_MAX), false).expect("the latest time");
+        assert_eq!(index.log_time_ms, COMMIT_MS_MAX);
+        for log_time_ms in [COMMIT_MS_MAX + 1, u64::MAX] {
+            let e = load(&file_at(log_time_ms), false).expect_err("past the limit");
+            assert_eq!(e.what, "log time past the latest the log records");
+        }
+    }
+
+    /// A record that fails to decode is reported at its offending byte in
+    /// the file (here the first byte after its last entry), with the offset
+    /// of the record that holds it.
+    #[test]
+    fn a_record_that_fails_to_decode_is_reported_at_its_byte_in_the_file() {
+        let (kind, mut body) = key_record(0..2);
+        body.push(0);
+        let stray_at = SEGMENT_HEADER_LEN + FRAME_HEADER_LEN + body.len() - 1;
+        let file = snapshot_of(&[(kind, body), end_record(2, 0)]);
+        for key_thread in [false, true] {
+            let e = load(&file, key_thread).expect_err("a stray byte");
+            assert_eq!(
+                (e.record_offset, e.offset),
+                (SEGMENT_HEADER_LEN as u32, stray_at as u64),
+                "key thread: {key_thread}"
+            );
+        }
+    }
 }
