@@ -92,10 +92,13 @@ impl<'a> Decoder<'a> {
     }
 
     pub(crate) fn err(&self, what: &'static str) -> DecodeError {
-        DecodeError {
-            offset: self.pos,
-            what,
-        }
+        self.err_at(self.pos, what)
+    }
+
+    /// An error at `offset`, where a field read already began: a tag or a
+    /// length is refused at its own byte, not at the one after it.
+    pub(crate) fn err_at(&self, offset: usize, what: &'static str) -> DecodeError {
+        DecodeError { offset, what }
     }
 
     pub(crate) fn take(&mut self, len: usize, what: &'static str) -> Result<&'a [u8], DecodeError> {

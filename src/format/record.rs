@@ -173,9 +173,10 @@ pub(crate) fn decode_own_batch(body: &[u8]) -> Result<BatchRecord<'_>, DecodeErr
 }
 
 fn decode_batch_with(mut d: Decoder<'_>) -> Result<BatchRecord<'_>, DecodeError> {
+    let id_at = d.position();
     let batch_id = d.bytes(ID_BYTES_MAX, "batch id")?;
     if batch_id.is_empty() {
-        return Err(d.err("empty batch id"));
+        return Err(d.err_at(id_at, "empty batch id"));
     }
     let content_hash = d.u128("content hash")?;
     let committed_ms = d.u64("commit time")?;
@@ -194,11 +195,13 @@ fn decode_batch_with(mut d: Decoder<'_>) -> Result<BatchRecord<'_>, DecodeError>
     let n = d.count(4, "write count")?;
     let mut writes = Vec::with_capacity(n);
     for _ in 0..n {
+        let key_at = d.position();
         let key = d.bytes(ID_BYTES_MAX, "key")?;
         if key.is_empty() {
-            return Err(d.err("empty key"));
+            return Err(d.err_at(key_at, "empty key"));
         }
         let seq = d.varint("seq")?;
+        let tag_at = d.position();
         let op = match d.u8("write tag")? {
             WRITE_PUT => {
                 let (value, value_at, crc) = d.value(RECORD_BODY_BYTES_MAX)?;
@@ -210,7 +213,7 @@ fn decode_batch_with(mut d: Decoder<'_>) -> Result<BatchRecord<'_>, DecodeError>
             }
             WRITE_DELETE => WriteView::Delete,
             WRITE_BUMP => WriteView::Bump,
-            _ => return Err(d.err("unknown write tag")),
+            _ => return Err(d.err_at(tag_at, "unknown write tag")),
         };
         writes.push(KeyWrite { key, seq, op });
     }
@@ -359,6 +362,39 @@ mod tests {
             ("trailing bytes after record body", buf.len() - 1)
         );
         assert!(decode_own_batch(&buf).is_err());
+    }
+
+    /// A refused tag or empty field is reported at its own byte (DESIGN.md,
+    /// "Failure handling": `Corruption` at the offending byte), not at the
+    /// byte after it.
+    #[test]
+    fn a_bad_tag_or_an_empty_field_is_reported_at_its_own_byte() {
+        let record = |batch_id: &[u8], key: &[u8]| {
+            let mut buf = Vec::new();
+            encode_batch_head(&mut buf, batch_id, 0, 0, [0; 8]);
+            encode_seen(&mut buf, &[]);
+            encode_writes_count(&mut buf, 1);
+            let key_at = buf.len();
+            encode_write(&mut buf, key, 1, WriteSource::Delete);
+            encode_checkpoints(&mut buf, std::iter::empty());
+            encode_quarantine(&mut buf, &[]);
+            encode_adds(&mut buf, &[]);
+            (buf, key_at)
+        };
+        let (buf, _) = record(b"", b"k");
+        let err = decode_batch(&buf).unwrap_err();
+        assert_eq!((err.what, err.offset), ("empty batch id", 0));
+        let (buf, key_at) = record(b"B", b"");
+        let err = decode_batch(&buf).unwrap_err();
+        assert_eq!((err.what, err.offset), ("empty key", key_at));
+        // Key length, key, one-byte seq, then the tag.
+        let (mut buf, key_at) = record(b"B", b"k");
+        let tag_at = key_at + 3;
+        assert_eq!(buf[tag_at], WRITE_DELETE);
+        buf[tag_at] = 0xee;
+        let err = decode_batch(&buf).unwrap_err();
+        assert_eq!((err.what, err.offset), ("unknown write tag", tag_at));
+        assert_eq!(decode_own_batch(&buf).unwrap_err(), err);
     }
 
     #[test]

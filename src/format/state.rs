@@ -212,11 +212,13 @@ fn decode_entries<'a, T>(
 const KEY_ENTRY_BYTES_MIN: usize = 4;
 
 fn decode_key<'a>(d: &mut Decoder<'a>) -> Result<KeyEntryView<'a>, DecodeError> {
+    let key_at = d.position();
     let key = d.bytes(ID_BYTES_MAX, "key")?;
     if key.is_empty() {
-        return Err(d.err("empty key"));
+        return Err(d.err_at(key_at, "empty key"));
     }
     let seq = d.varint("seq")?;
+    let tag_at = d.position();
     let value = match d.u8("key entry tag")? {
         KEY_INLINE => {
             let (value, value_at, _) = d.value(RECORD_BODY_BYTES_MAX)?;
@@ -235,7 +237,7 @@ fn decode_key<'a>(d: &mut Decoder<'a>) -> Result<KeyEntryView<'a>, DecodeError> 
         KEY_TOMBSTONE => KeyValue::Tombstone {
             at_secs: d.u32("tombstone time")?,
         },
-        _ => return Err(d.err("unknown key entry tag")),
+        _ => return Err(d.err_at(tag_at, "unknown key entry tag")),
     };
     Ok(KeyEntryView { key, seq, value })
 }
@@ -301,9 +303,10 @@ pub(crate) fn decode_state(kind: u8, body: &[u8]) -> Result<StateRecord<'_>, Dec
             decode_seen,
         )?),
         KIND_BATCHES => StateRecord::Batches(decode_entries(&mut d, 34, "batch count", |d| {
+            let id_at = d.position();
             let batch_id = d.bytes(ID_BYTES_MAX, "batch id")?;
             if batch_id.is_empty() {
-                return Err(d.err("empty batch id"));
+                return Err(d.err_at(id_at, "empty batch id"));
             }
             let content_hash = d.u128("content hash")?;
             let committed_ms = d.u64("commit time")?;
@@ -339,10 +342,11 @@ pub(crate) fn decode_state(kind: u8, body: &[u8]) -> Result<StateRecord<'_>, Dec
         KIND_ADD_MARKS => {
             StateRecord::AddMarks(decode_entries(&mut d, 12, "add mark count", |d| {
                 let key = d.bytes(ID_BYTES_MAX, "add mark key")?;
+                let flag_at = d.position();
                 let has_floor = match d.u8("add mark floor flag")? {
                     0 => false,
                     1 => true,
-                    _ => return Err(d.err("bad add mark floor flag")),
+                    _ => return Err(d.err_at(flag_at, "bad add mark floor flag")),
                 };
                 let floor = d.varint("add mark floor")?;
                 Ok(AddMarkView {
@@ -572,23 +576,29 @@ mod tests {
         for (kind, body) in [key(b"k"), batch(b"B"), mark(0), mark(1)] {
             assert!(decode_state(kind, &body).is_ok(), "kind {kind}");
         }
+        // Each is reported at its own byte: after the one-byte count, the
+        // empty field's length; the flag at 3.
+        let refused = |(kind, body): (u8, Vec<u8>)| {
+            let err = decode_state(kind, &body).unwrap_err();
+            (err.what, err.offset)
+        };
         let (kind, body) = key(b"");
-        assert_eq!(decode_state(kind, &body).unwrap_err().what, "empty key");
+        assert_eq!(refused((kind, body.clone())), ("empty key", 1));
         let err = for_each_key(&body, |_| Ok(())).unwrap_err();
-        assert_eq!(err.what, "empty key");
-        let (kind, body) = batch(b"");
-        assert_eq!(
-            decode_state(kind, &body).unwrap_err().what,
-            "empty batch id"
-        );
+        assert_eq!((err.what, err.offset), ("empty key", 1));
+        assert_eq!(refused(batch(b"")), ("empty batch id", 1));
         for flag in [2, 0xff] {
-            let (kind, body) = mark(flag);
             assert_eq!(
-                decode_state(kind, &body).unwrap_err().what,
-                "bad add mark floor flag",
+                refused(mark(flag)),
+                ("bad add mark floor flag", 3),
                 "flag {flag}"
             );
         }
+        // The key, its one-byte seq, then the tag.
+        let (kind, mut body) = key(b"k");
+        assert_eq!(body[4], KEY_TOMBSTONE);
+        body[4] = 0xee;
+        assert_eq!(refused((kind, body)), ("unknown key entry tag", 4));
     }
 
     /// A record body holds its entries and nothing after them: a byte past
