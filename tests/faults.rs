@@ -1076,6 +1076,90 @@ fn acknowledged_batches_after_a_failed_sync_and_reopen_survive_power_loss() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// As above, for every other sync of a log segment that fails: the sync
+/// of a new segment's header (at open or at a rotation), the sync that
+/// seals a segment at a rotation (which is what makes the batches written
+/// to it since its last commit sync durable), a snapshot's sync of the
+/// log, or a zero fill's. The pages that sync dropped read back until
+/// a power loss, so the reopened store must not take them as durable.
+#[test]
+fn acknowledged_batches_after_any_failed_log_sync_and_reopen_survive_power_loss() {
+    let batches = workload();
+    let clean = clean_run(&batches, false);
+    let mut failures = Vec::new();
+    let log_syncs = clean.ops.iter().filter(|o| {
+        o.kind == OpKind::SyncData
+            && o.path.extension().is_some_and(|e| e == "seg")
+            && !is_commit_sync(&clean.ops, o)
+    });
+    for op in log_syncs {
+        let what = format!("Io at log sync op {} of {}", op.index, op.path.display());
+        let storage = FaultyStorage::new();
+        storage.inject(fault_at(&clean.ops, op, FaultError::Io));
+        // A sync of open's own (the first segment's creation) that fails
+        // fails the open, before any batch.
+        let failed_at = match Store::open(dir(), options(&storage)) {
+            Ok(store) => batches
+                .iter()
+                .position(|b| store.apply_batch(b).is_err())
+                .unwrap_or(batches.len()),
+            Err(_) => 0,
+        };
+        // A fault that a different run of operations never reached must
+        // not fire in the reopened store instead.
+        storage.heal();
+        let store = Store::open(dir(), options(&storage)).expect("reopen");
+        for b in batches.iter().skip(failed_at) {
+            store.apply_batch(b).expect("apply after reopen");
+        }
+        drop(store);
+        let image = storage.crash_image(CrashPolicy::PowerLoss);
+        match Store::open(dir(), options(&image)) {
+            Ok(store) if Some(&snap(&store)) == clean.states.last() => {}
+            Ok(store) => failures.push(format!(
+                "{what}: after power loss, log {:?}",
+                snap(&store).log
+            )),
+            Err(e) => failures.push(format!("{what}: after power loss, open: {e}")),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A failed map of the segment a rotation created poisons the store
+/// (DESIGN.md, "Write path", step 8): the batch that rotated is not
+/// written, and no later batch goes into a segment the store cannot read.
+#[test]
+fn a_failed_map_of_a_new_segment_poisons_the_store() {
+    let storage = FaultyStorage::new();
+    let options = options(&storage).snapshot_log_bytes(None);
+    let store = Store::open(dir(), options.clone()).expect("open");
+    store
+        .apply_batch(&Batch::new("B0").put("e0", "k0", 1, "v0"))
+        .expect("a first batch");
+    // Over the segment's free room, so that it rotates first.
+    let rotates = Batch::new("B1").put("e1", "k1", 1, "x".repeat(SEGMENT_BYTES_MAX as usize));
+    let maps_before = storage.op_count_of(OpKind::Map);
+    storage.inject(Fault::new(OpKind::Map, FaultError::Io));
+    assert!(store.apply_batch(&rotates).is_err());
+    assert_eq!(
+        storage.op_count_of(OpKind::Map),
+        maps_before + 1,
+        "the fault hit the new segment's map"
+    );
+    storage.heal();
+    let later = store.apply_batch(&Batch::new("B2").put("e2", "k2", 1, "v2"));
+    assert!(
+        matches!(later, Err(Error::Poisoned { .. })),
+        "a later batch is refused: {later:?}"
+    );
+    assert_eq!(store.get("k0").unwrap().map(|r| r.seq), Some(1));
+    drop(store);
+    let store = Store::open(dir(), options).expect("reopen");
+    assert_eq!(store.get("k0").unwrap().map(|r| r.seq), Some(1));
+    assert_eq!(store.batch("B1").unwrap(), None, "B1 was never written");
+}
+
 /// A commit sync fails, and in the instant before its syncer learns it (the
 /// kernel has dropped the pages already), another writer's rotation syncs
 /// the same segment. The kernel would tell that sync success: nothing of

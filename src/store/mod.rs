@@ -247,7 +247,15 @@ impl Store {
                     )
                 })?;
             let len = new_segment_len(options.segment_bytes_max);
-            let file = create_segment(storage.as_ref(), &dir, id, len)?;
+            let file = create_segment(storage.as_ref(), &dir, id, len).inspect_err(|e| {
+                // As after any failed sync of the log (`Store::poison`): the
+                // header's page reads back from the page cache without being
+                // on the disk, and no later sync writes it, so the next open
+                // must write the segment again.
+                if matches!(e, Error::Io { op: "sync", .. }) {
+                    recovery::note_sync_failure(storage.as_ref(), &dir);
+                }
+            })?;
             allocated = Some(len);
             walk.segments.push(recovery::WalkedSegment {
                 id,
