@@ -792,6 +792,59 @@ fn size_limits_are_inclusive() {
     assert_eq!(row(&store, "k2"), Some((1, vec![])));
 }
 
+/// The batch's own limits (DESIGN.md, "Write path", step 1) are inclusive
+/// too: a batch id and a checkpoint source of 4096 bytes and a position of
+/// 64 KiB commit and reopen; one byte more, or an empty source, is an
+/// invalid batch that leaves nothing behind.
+#[test]
+fn batch_id_and_checkpoint_limits_are_inclusive() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), options());
+    let id = "b".repeat(4096);
+    let source = "s".repeat(4096);
+    let position = vec![7u8; 64 * 1024];
+    let at_limits = Batch::new(id.as_str())
+        .put("e1", "k1", 1, "v")
+        .checkpoint(source.as_str(), position.clone());
+    assert_eq!(commit(&store, &at_limits), report(|r| r.inserted = 1));
+    assert!(apply(&store, &at_limits).unwrap().replayed);
+    let store = reopen(
+        store,
+        dir.path(),
+        options(),
+        &[source.as_str()],
+        &[id.as_str()],
+    );
+    assert_eq!(
+        store.checkpoint(source.as_str()).unwrap().as_deref(),
+        Some(&position[..])
+    );
+
+    let before = digest(&store);
+    let over = [
+        Batch::new("b".repeat(4097)).put("e2", "k2", 1, "v"),
+        Batch::new("B2")
+            .put("e2", "k2", 1, "v")
+            .checkpoint("s".repeat(4097), [1]),
+        Batch::new("B2")
+            .put("e2", "k2", 1, "v")
+            .checkpoint("cdc", vec![0u8; 64 * 1024 + 1]),
+        Batch::new("B2").put("e2", "k2", 1, "v").checkpoint("", [1]),
+    ];
+    for batch in &over {
+        match apply(&store, batch) {
+            Err(Error::InvalidBatch { .. }) => {}
+            other => panic!("expected InvalidBatch, got {other:?}"),
+        }
+    }
+    assert_eq!(digest(&store), before);
+    // e2 was not recorded as seen, nor B2 as committed.
+    assert_eq!(
+        commit(&store, &Batch::new("B2").put("e2", "k2", 1, "v")),
+        report(|r| r.inserted = 1)
+    );
+}
+
 #[test]
 fn value_limit_follows_the_option() {
     let dir = tempfile::tempdir().unwrap();

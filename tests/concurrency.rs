@@ -689,3 +689,71 @@ fn a_batch_planned_while_an_unchanged_put_waits_sees_the_bumped_version() {
     let row = store.get("k1").unwrap().expect("row");
     assert_eq!((row.seq, &row.value[..]), (10, &b"v0"[..]));
 }
+
+/// The log's clock never goes back (DESIGN.md, "Write path", step 4), also
+/// for a batch planned while an earlier one waits for its sync: the clock
+/// is set back meanwhile, and the later batch still commits no earlier
+/// than the pending one, which the index does not know of yet.
+#[cfg(feature = "testing")]
+#[test]
+fn a_batch_planned_while_another_waits_for_its_sync_commits_no_earlier_than_it() {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use idemkv::ManualClock;
+    use idemkv::storage::{FaultyStorage, OpKind};
+
+    const TIMEOUT: Duration = Duration::from_secs(20);
+    const T0_MS: u64 = 1_700_000_000_000;
+    let storage = FaultyStorage::new();
+    let clock = ManualClock::new(T0_MS);
+    let options = Options::default()
+        .storage(Arc::new(storage.clone()))
+        .durability(Durability::Sync)
+        .clock(Arc::new(clock.clone()))
+        // The held sync is A's commit sync.
+        .zero_fill(false);
+    let store = Store::open("/db", options.clone()).unwrap();
+    store
+        .apply_batch(&Batch::new("B0").put("e0", "k0", 1, "v0"))
+        .unwrap();
+    clock.set_ms(T0_MS + 60_000);
+    let writes = || storage.op_count_of(OpKind::Write);
+    let (first, later, written) = std::thread::scope(|scope| {
+        storage.pause_next(OpKind::SyncData);
+        let first = scope.spawn(|| store.apply_batch(&Batch::new("A").put("ea", "ka", 1, "va")));
+        let mut written = storage.wait_until_paused(TIMEOUT).is_some();
+        clock.set_ms(T0_MS + 1_000);
+        let before = writes();
+        let later = scope.spawn(|| store.apply_batch(&Batch::new("B1").put("eb", "kb", 1, "vb")));
+        let deadline = Instant::now() + TIMEOUT;
+        while writes() <= before && !later.is_finished() {
+            if Instant::now() > deadline {
+                written = false;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        storage.resume();
+        (first.join(), later.join(), written)
+    });
+    assert!(written, "B1 was planned and written while A waited");
+    first.expect("A's writer").expect("A");
+    later.expect("B1's writer").expect("B1");
+    let committed_ms = |store: &Store, id: &str| {
+        store
+            .log()
+            .into_iter()
+            .find(|e| e.batch_id == id.as_bytes())
+            .map(|e| e.committed_ms)
+    };
+    assert_eq!(committed_ms(&store, "A"), Some(T0_MS + 60_000));
+    assert_eq!(
+        committed_ms(&store, "B1"),
+        Some(T0_MS + 60_000),
+        "B1 commits at A's time, not the clock's earlier one"
+    );
+    drop(store);
+    let store = Store::open("/db", options).unwrap();
+    assert_eq!(committed_ms(&store, "B1"), Some(T0_MS + 60_000));
+}

@@ -358,6 +358,60 @@ mod tests {
         );
     }
 
+    #[test]
+    fn after_a_switch_the_new_file_is_filled_ahead_of_its_own_records() {
+        let (storage, old, filler) = setup();
+        let fill = ZeroFill::start(filler, 0, LEN, REACH, false);
+        // The old file's records end far in, its fills further still.
+        fill.will_write(0..30_000);
+        old.write_at(0, &[RECORD; 30_000]).unwrap();
+        fill.will_truncate(30_000);
+        old.set_len(30_000).unwrap();
+        let path = Path::new("/s/2.seg");
+        let new = storage.open(path, OpenMode::CreateNew).unwrap();
+        new.append(&[MARK; LEN as usize]).unwrap();
+        new.sync_data().unwrap();
+        fill.switch_to(storage.open(path, OpenMode::Append).unwrap(), 0, LEN);
+        fill.will_write(0..100);
+        let bytes = contents(new.as_ref());
+        let filled = (100 + REACH.gap)..(100 + REACH.ahead - REACH.chunk);
+        assert!(all(&bytes, filled, 0), "filled ahead of the new records");
+        assert!(
+            all(&bytes, (100 + REACH.ahead)..LEN, MARK),
+            "nothing filled more than `ahead` past them"
+        );
+    }
+
+    /// DESIGN.md, "Zero-filled segments": with `step` the extension step,
+    /// fills cover `[end + step/4, end + step)` in chunks of `step/16`.
+    #[test]
+    fn fills_reach_from_a_quarter_step_to_a_step_ahead_in_sixteenths() {
+        let step = 4 << 20;
+        assert_eq!(
+            Reach::new(step),
+            Reach {
+                gap: step / 4,
+                ahead: step,
+                chunk: step / 16,
+            }
+        );
+    }
+
+    /// The filling thread starts a chunk on the cue the sync gate gives
+    /// after each sync of the log (DESIGN.md, "Zero-filled
+    /// segments", When).
+    #[test]
+    fn a_sync_through_the_gate_cues_the_filling_thread() {
+        let (storage, file, filler) = setup();
+        let fill = ZeroFill::start(filler, 0, LEN, REACH, true);
+        let gate = crate::log::sync_gate::SyncGate::new(Some(Box::new(fill.cue())));
+        storage.pause_next(OpKind::FillZeros);
+        gate.sync(file.as_ref()).unwrap();
+        let paused = storage.wait_until_paused(TIMEOUT);
+        storage.resume();
+        assert!(paused.is_some(), "a chunk is filled after the sync");
+    }
+
     /// Holds the filling thread in the write of its first chunk, runs
     /// `call` on another thread, and asserts that it returns only once the
     /// chunk is let go.
