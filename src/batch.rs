@@ -330,6 +330,62 @@ mod tests {
     }
 
     #[test]
+    fn report_counts_are_in_declaration_order_both_ways() {
+        let report = BatchReport::from_counts([1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(
+            (
+                report.inserted,
+                report.updated,
+                report.unchanged,
+                report.stale,
+                report.duplicates,
+                report.deleted,
+                report.added,
+                report.rejected,
+            ),
+            (1, 2, 3, 4, 5, 6, 7, 8)
+        );
+        assert_eq!(report.counts(), [1, 2, 3, 4, 5, 6, 7, 8]);
+        assert!(!report.replayed);
+        let mut total = BatchReport {
+            replayed: true,
+            ..report
+        };
+        total.accumulate(&report);
+        assert_eq!(total.counts(), [2, 4, 6, 8, 10, 12, 14, 16]);
+        assert!(total.replayed, "accumulating keeps the total's flag");
+    }
+
+    #[test]
+    fn built_deliveries_hold_their_own_bytes() {
+        let batch = Batch::new("B")
+            .put("e1", "k1", 1, "v1")
+            .delete("e2", "k2", 2)
+            .add("e3", "k3", 3, -4)
+            .malformed("e4", "bad line")
+            .put("e5", "k5", 5, "");
+        let delivery = |event_id: &str, key: &str, seq, op| Delivery {
+            event_id: bytes_of(event_id),
+            key: bytes_of(key),
+            seq,
+            op,
+        };
+        let malformed = Op::Malformed {
+            reason: "bad line".into(),
+        };
+        let want = [
+            delivery("e1", "k1", 1, Op::Put(bytes_of("v1"))),
+            delivery("e2", "k2", 2, Op::Delete),
+            delivery("e3", "k3", 3, Op::Add(-4)),
+            delivery("e4", "", 0, malformed),
+            delivery("e5", "k5", 5, Op::Put(Bytes::new())),
+        ];
+        assert_eq!(batch.deliveries(), &want[..]);
+        assert_eq!(batch.len(), 5);
+        assert_eq!(batch.id(), b"B");
+    }
+
+    #[test]
     fn many_sources_keep_the_order_they_were_first_set_in_and_their_last_position() {
         let sources = 3 * SOURCES_SCANNED_MAX;
         let mut batch = Batch::new("B");

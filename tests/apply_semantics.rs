@@ -1322,6 +1322,24 @@ fn a_value_with_the_stored_ones_length_and_crc_but_other_bytes_is_an_update() {
     assert_eq!((report.updated, report.unchanged), (0, 1), "{report:?}");
 }
 
+/// Unchanged means byte-identical for large values too, which the engine
+/// compares by another path than small ones.
+#[test]
+fn a_large_value_put_again_is_unchanged_and_one_byte_off_is_an_update() {
+    let stored: Vec<u8> = (0..VALUE_BYTES_MAX).map(|i| (i % 251) as u8).collect();
+    let mut other = stored.clone();
+    other[VALUE_BYTES_MAX - 1] ^= 1;
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), options());
+    commit(&store, &Batch::new("B1").put("e1", "k", 1, &stored));
+    let report = commit(&store, &Batch::new("B2").put("e2", "k", 2, &stored));
+    assert_eq!((report.updated, report.unchanged), (0, 1), "{report:?}");
+    let report = commit(&store, &Batch::new("B3").put("e3", "k", 3, &other));
+    assert_eq!((report.updated, report.unchanged), (1, 0), "{report:?}");
+    let row = store.get("k").unwrap().expect("live");
+    assert_eq!((row.seq, &row.value[..]), (3, &other[..]));
+}
+
 /// `Batch::content_hash` is what a batch id is committed with, and
 /// `Store::log` lists it: a caller can tell whether a batch is the one its
 /// id committed without applying it. Same content, same hash (a replay);

@@ -217,4 +217,70 @@ mod tests {
             assert!(decode_frame(&bad, 3, 96).is_none(), "flip at {i}");
         }
     }
+
+    /// Sets `field` in a frame header and mends its checksum, as a writer
+    /// that broke the rules, or a record of another file, would.
+    fn mended_frame(mut h: [u8; FRAME_HEADER_LEN], field: usize, v: u32) -> [u8; FRAME_HEADER_LEN] {
+        put_u32_at(&mut h, field, v);
+        let crc = crc32fast::hash(&h[KIND_AT..]);
+        put_u32_at(&mut h, FRAME_CRC_AT, crc);
+        h
+    }
+
+    #[test]
+    fn a_frame_with_a_matching_checksum_is_refused_where_it_breaks_the_rules() {
+        let mut h = [0u8; FRAME_HEADER_LEN];
+        encode_frame(&mut h, 1, b"body", 3, 96, 64);
+        // Another segment's record at the same offset.
+        assert!(decode_frame(&h, 4, 96).is_none());
+        let synced_past_itself = mended_frame(h, SYNCED_TO_AT, 97);
+        assert!(decode_frame(&synced_past_itself, 3, 96).is_none());
+        // Reserved bytes 5..8 sit in the word that starts at the kind byte.
+        let reserved = mended_frame(h, KIND_AT, 1 | 1 << 8);
+        assert!(decode_frame(&reserved, 3, 96).is_none());
+        // Synced up to the record itself is what `Durability::Buffered` writes.
+        let synced_to_itself = mended_frame(h, SYNCED_TO_AT, 96);
+        assert_eq!(
+            decode_frame(&synced_to_itself, 3, 96).unwrap().synced_to,
+            96
+        );
+    }
+
+    #[test]
+    fn a_segment_header_with_a_matching_checksum_is_refused_where_it_breaks_the_rules() {
+        for kind in [FileKind::Log, FileKind::Base, FileKind::Snapshot] {
+            let h = encode_segment_header(5, kind);
+            assert_eq!(decode_segment_header(&h, 5), Ok(kind));
+            assert_eq!(newer_format_version(&h), None, "this build's version");
+        }
+        let mended = |field: usize, v: u32| {
+            let mut h = encode_segment_header(5, FileKind::Log);
+            put_u32_at(&mut h, field, v);
+            let crc = crc32fast::hash(&h[..HEADER_CRC_AT]);
+            put_u32_at(&mut h, HEADER_CRC_AT, crc);
+            h
+        };
+        for (field, v) in [
+            (VERSION_AT, FORMAT_VERSION - 1),
+            (VERSION_AT, FORMAT_VERSION + 1),
+            (SEGMENT_ID_AT, 6),
+            (FILE_KIND_AT, 3),
+            (RESERVED_AT, 1),
+        ] {
+            assert!(
+                decode_segment_header(&mended(field, v), 5).is_err(),
+                "{v} at {field}"
+            );
+        }
+        // A later version is told apart from damage only when the header is intact.
+        let later = mended(VERSION_AT, FORMAT_VERSION + 1);
+        assert_eq!(newer_format_version(&later), Some(FORMAT_VERSION + 1));
+        let mut damaged = later;
+        damaged[HEADER_CRC_AT] ^= 1;
+        assert_eq!(newer_format_version(&damaged), None);
+        let mut foreign = later;
+        foreign[MAGIC_AT] ^= 1;
+        assert_eq!(newer_format_version(&foreign), None);
+        assert_eq!(newer_format_version(&later[..SEGMENT_HEADER_LEN - 1]), None);
+    }
 }

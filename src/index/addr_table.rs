@@ -154,6 +154,26 @@ mod tests {
     }
 
     #[test]
+    fn a_table_filled_to_capacity_still_ends_the_search_for_an_absent_key() {
+        use std::cell::Cell;
+        let mut table = AddrTable::with_capacity(20);
+        let capacity = table.capacity() as u32;
+        // Every entry under one hash: a search compares each key once, then
+        // stops at an empty bucket, which a full table would not have.
+        for addr in 0..capacity {
+            table.insert_unique(42, addr);
+        }
+        let compared = Cell::new(0);
+        let absent = table.find(42, |_| {
+            compared.set(compared.get() + 1);
+            assert!(compared.get() <= capacity, "the search went round");
+            false
+        });
+        assert_eq!(absent, None);
+        assert_eq!(compared.get(), capacity);
+    }
+
+    #[test]
     fn an_empty_table_finds_nothing() {
         let table = AddrTable::default();
         assert_eq!(table.capacity(), 0);

@@ -338,6 +338,138 @@ mod tests {
         );
     }
 
+    /// A file holding `bytes`, mapped as segment `segment` of `maps`.
+    fn mapped(
+        maps: &SegmentMaps,
+        dir: &std::path::Path,
+        segment: u32,
+        bytes: &[u8],
+    ) -> Arc<dyn StorageFile> {
+        let storage = crate::storage::OsStorage;
+        let file = storage
+            .open(&dir.join(segment.to_string()), OpenMode::CreateNew)
+            .unwrap();
+        file.append(bytes).unwrap();
+        maps.insert(segment, Arc::clone(&file), file.map(0).unwrap());
+        file
+    }
+
+    /// The stored form of a value: its CRC, then its bytes.
+    fn stored(value: &[u8]) -> Vec<u8> {
+        let mut bytes = crc32fast::hash(value).to_le_bytes().to_vec();
+        bytes.extend_from_slice(value);
+        bytes
+    }
+
+    #[test]
+    fn a_damaged_stored_checksum_makes_intact_bytes_compare_unequal() {
+        let dir = tempfile::tempdir().unwrap();
+        let maps = SegmentMaps::new(0);
+        let mut bytes = vec![0u8; 8];
+        bytes.extend_from_slice(&stored(b"hello"));
+        bytes[8] ^= 1;
+        mapped(&maps, dir.path(), 1, &bytes);
+        let v = ValueRef {
+            segment: 1,
+            offset: 12,
+            len: 5,
+            crc: None,
+        };
+        assert!(!equals(&maps, v, b"hello").unwrap());
+        assert!(matches!(maps.read(v), Err(Error::Corruption { .. })));
+        assert!(matches!(maps.read_copy(v), Err(Error::Corruption { .. })));
+    }
+
+    #[test]
+    fn a_value_too_large_for_the_stack_buffer_compares_equal_to_itself_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let maps = SegmentMaps::new(0);
+        let value: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
+        mapped(&maps, dir.path(), 1, &stored(&value));
+        for crc in [None, Some(crc32fast::hash(&value))] {
+            let v = ValueRef {
+                segment: 1,
+                offset: 4,
+                len: 1000,
+                crc,
+            };
+            assert!(equals(&maps, v, &value).unwrap(), "{crc:?}");
+            let mut other = value.clone();
+            other[999] ^= 1;
+            assert!(!equals(&maps, v, &other).unwrap(), "{crc:?}");
+        }
+    }
+
+    #[test]
+    fn a_candidate_of_another_length_answers_without_reading_the_segment() {
+        let maps = SegmentMaps::new(0);
+        let unmapped = ValueRef {
+            segment: 9,
+            offset: 12,
+            len: 5,
+            crc: None,
+        };
+        assert!(!equals(&maps, unmapped, b"hell").unwrap());
+        assert!(!equals(&maps, unmapped, b"hello!").unwrap());
+    }
+
+    #[test]
+    fn a_value_appended_after_its_segment_was_mapped_is_read_through_a_new_map() {
+        let dir = tempfile::tempdir().unwrap();
+        // No room reserved: the first map ends where the file did.
+        let maps = SegmentMaps::new(0);
+        let file = mapped(&maps, dir.path(), 1, &stored(b"first"));
+        file.append(&stored(b"second")).unwrap();
+        let second = ValueRef {
+            segment: 1,
+            offset: 13,
+            len: 6,
+            crc: Some(crc32fast::hash(b"second")),
+        };
+        assert_eq!(&maps.read(second).unwrap()[..], b"second");
+        let first = ValueRef {
+            offset: 4,
+            len: 5,
+            crc: None,
+            ..second
+        };
+        assert_eq!(&maps.read(first).unwrap()[..], b"first");
+    }
+
+    #[test]
+    fn a_value_past_the_end_of_its_segment_is_corruption_on_every_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let maps = SegmentMaps::new(0);
+        mapped(&maps, dir.path(), 1, &stored(b"hello"));
+        let corrupt = |r: Result<_>| matches!(r, Err(Error::Corruption { .. }));
+        for (offset, len) in [(4, 6), (8, 5), (2, 5), (0, 1)] {
+            let v = ValueRef {
+                segment: 1,
+                offset,
+                len,
+                crc: None,
+            };
+            assert!(corrupt(maps.read(v).map(drop)), "read {offset}+{len}");
+            assert!(corrupt(maps.read_copy(v).map(drop)), "copy {offset}+{len}");
+            let candidate = vec![b'h'; len as usize];
+            assert!(
+                corrupt(equals(&maps, v, &candidate).map(drop)),
+                "equals {offset}+{len}"
+            );
+        }
+        // Zeros hold the checksum of no bytes at all: a value running past
+        // the end of a zeroed file must not pass for an empty one.
+        mapped(&maps, dir.path(), 2, &[0; 8]);
+        let v = ValueRef {
+            segment: 2,
+            offset: 4,
+            len: 8,
+            crc: None,
+        };
+        assert!(corrupt(maps.read(v).map(drop)));
+        assert!(corrupt(maps.read_copy(v).map(drop)));
+    }
+
     #[test]
     fn a_known_crc_that_differs_answers_without_reading_the_segment() {
         let maps = SegmentMaps::new(0);

@@ -247,6 +247,54 @@ mod tests {
     }
 
     #[test]
+    fn append_writes_at_the_end_whatever_the_file_was_opened_or_cut_to() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("f");
+        fs::write(&path, b"kept").expect("write");
+        let file = OsStorage.open(&path, OpenMode::Append).expect("open");
+        file.append(b" one").expect("append");
+        file.write_at(0, b"K").expect("write_at");
+        file.append(b" two").expect("append");
+        assert_eq!(fs::read(&path).expect("read"), b"Kept one two");
+        file.set_len(4).expect("cut");
+        file.append(b"!").expect("append");
+        assert_eq!(fs::read(&path).expect("read"), b"Kept!");
+    }
+
+    #[test]
+    fn create_new_refuses_an_existing_file_and_leaves_it_alone() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("f");
+        fs::write(&path, b"kept").expect("write");
+        let e = OsStorage
+            .open(&path, OpenMode::CreateNew)
+            .expect_err("the file exists");
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
+        assert_eq!(fs::read(&path).expect("read"), b"kept");
+    }
+
+    #[test]
+    fn list_dir_names_files_and_not_directories() {
+        let dir = tempfile::tempdir().expect("dir");
+        fs::write(dir.path().join("a"), b"").expect("write");
+        fs::create_dir(dir.path().join("d")).expect("mkdir");
+        assert_eq!(OsStorage.list_dir(dir.path()).expect("list"), ["a"]);
+    }
+
+    #[test]
+    fn read_at_past_what_was_written_is_an_unexpected_end_of_file() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("f");
+        fs::write(&path, b"hello").expect("write");
+        let file = OsStorage.open(&path, OpenMode::Read).expect("open");
+        let mut buf = [0u8; 3];
+        file.read_at(2, &mut buf).expect("inside");
+        assert_eq!(&buf, b"llo");
+        let e = file.read_at(3, &mut buf).expect_err("past the end");
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+    }
+
+    #[test]
     fn released_pages_leave_resident_memory_and_read_back_the_same() {
         let dir = tempfile::tempdir().expect("dir");
         let path = dir.path().join("f");
