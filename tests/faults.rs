@@ -1126,6 +1126,164 @@ fn acknowledged_batches_after_any_failed_log_sync_and_reopen_survive_power_loss(
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Options under which a store syncs no directory of its own while the
+/// workload runs: no rotation (segments far larger than the workload) and
+/// no automatic snapshot. A directory sync at a rotation or an install
+/// would make durable what an earlier failed one left undone, and hide it.
+fn quiet_options(storage: &FaultyStorage) -> Options {
+    options(storage)
+        .segment_bytes_max(1 << 20)
+        .snapshot_log_bytes(None)
+}
+
+/// Runs the script, maintenance included, as `run_script` does, until the
+/// first call that fails; the store is then dropped.
+fn run_script_until_it_fails(storage: &FaultyStorage, batches: &[Batch]) {
+    let Ok(mut store) = Store::open(dir(), options(storage)) else {
+        return;
+    };
+    for (i, b) in batches.iter().enumerate() {
+        if store.apply_batch(b).is_err() {
+            return;
+        }
+        for &m in maintenance_after(i) {
+            let done = match m {
+                Maintenance::Snapshot => store.snapshot(),
+                Maintenance::Compact => store.compact().map(|_| ()),
+                Maintenance::Reopen => {
+                    if store.close().is_err() {
+                        return;
+                    }
+                    match Store::open(dir(), options(storage)) {
+                        Ok(s) => {
+                            store = s;
+                            Ok(())
+                        }
+                        Err(_) => return,
+                    }
+                }
+            };
+            if done.is_err() {
+                return;
+            }
+        }
+    }
+    if store.snapshot().is_ok() {
+        let _ = store.close();
+    }
+}
+
+/// Reopens `storage` (healed) without a power loss, resumes the workload
+/// from its checkpoint with every batch acknowledged, then opens the image
+/// a power loss leaves: it must hold the uninterrupted final state.
+fn resume_then_power_loss(
+    storage: &FaultyStorage,
+    batches: &[Batch],
+    clean: &Clean,
+) -> Result<(), String> {
+    let store = Store::open(dir(), quiet_options(storage)).map_err(|e| format!("reopen: {e}"))?;
+    let next = store
+        .checkpoint(SOURCE)
+        .expect("checkpoint")
+        .map_or(0, |c| {
+            let position: [u8; 8] = c[..].try_into().expect("8-byte checkpoint");
+            u64::from_be_bytes(position) as usize
+        });
+    for (i, b) in batches.iter().enumerate().skip(next) {
+        store
+            .apply_batch(b)
+            .map_err(|e| format!("resumed batch {i}: {e}"))?;
+    }
+    drop(store);
+    let image = storage.crash_image(CrashPolicy::PowerLoss);
+    match Store::open(dir(), quiet_options(&image)) {
+        Ok(store) if Some(&snap(&store)) == clean.states.last() => Ok(()),
+        Ok(store) => Err(format!(
+            "batches resumed from {next}, after power loss the log is {:?}",
+            snap(&store).log
+        )),
+        Err(e) => Err(format!(
+            "batches resumed from {next}, after power loss, open: {e}"
+        )),
+    }
+}
+
+/// Whatever write of the store's files fails (a directory sync above all:
+/// of a new segment at open, at a rotation or at compaction's cut, or after
+/// a rename), a store reopened on the same disk, without a power loss in
+/// between, must make durable what it builds on before it acknowledges a
+/// batch: the entries of the segment it appends to and of whatever open
+/// renamed or removed. Acknowledged batches then survive a power loss.
+#[test]
+fn acknowledged_batches_after_a_fault_at_any_write_and_a_reopen_survive_power_loss() {
+    let batches = workload();
+    let clean = clean_run(&batches, true);
+    let mut failures = Vec::new();
+    for op in clean.ops.iter().filter(|o| is_write(o)) {
+        let what = format!(
+            "Io at op {} ({:?} {})",
+            op.index,
+            op.kind,
+            op.path.display()
+        );
+        let storage = FaultyStorage::new();
+        storage.inject(fault_at(&clean.ops, op, FaultError::Io));
+        run_script_until_it_fails(&storage, &batches);
+        storage.heal();
+        if let Err(e) = resume_then_power_loss(&storage, &batches, &clean) {
+            failures.push(format!("{what}: {e}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// As above, for the writes of an open that recovers: one that replaces a
+/// torn segment by a copy of its records (create, write, sync, rename,
+/// directory sync) and one that removes a snapshot the log no longer bears
+/// out (removal, directory sync). An open that fails at any of them, and a
+/// reopen without a power loss, must leave no rename or removal that a
+/// power loss after acknowledged batches takes back.
+#[test]
+fn acknowledged_batches_after_a_fault_in_recovery_and_a_reopen_survive_power_loss() {
+    let batches = workload();
+    let clean = clean_run(&batches, false);
+    let mut images = Vec::new();
+    for batch in [2, 7] {
+        images.push((
+            format!("torn batch {batch}"),
+            torn_tail_image(&clean, batch).0,
+        ));
+    }
+    images.push(("stale snapshot".to_owned(), stale_snapshot_image(&batches)));
+    let mut failures = Vec::new();
+    for (name, image) in &images {
+        let probe = image.crash_image(CrashPolicy::ProcessCrash);
+        let store = Store::open(dir(), options(&probe)).expect("open recovers");
+        // Only open's own operations: closing the store writes a snapshot.
+        let open_ops = probe.ops();
+        drop(store);
+        for op in open_ops.iter().filter(|o| is_write(o)) {
+            let what = format!(
+                "{name}: Io at open op {} ({:?} {})",
+                op.index,
+                op.kind,
+                op.path.display()
+            );
+            let storage = image.crash_image(CrashPolicy::ProcessCrash);
+            storage.inject(fault_at(&open_ops, op, FaultError::Io));
+            if Store::open(dir(), options(&storage)).is_ok() {
+                failures.push(format!("{what}: open succeeded despite the fault"));
+                continue;
+            }
+            storage.heal();
+            if let Err(e) = resume_then_power_loss(&storage, &batches, &clean) {
+                failures.push(format!("{what}: {e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// A failed map of the segment a rotation created poisons the store
 /// (DESIGN.md, "Write path", step 8): the batch that rotated is not
 /// written, and no later batch goes into a segment the store cannot read.
@@ -1228,13 +1386,9 @@ fn a_rotation_in_the_instant_after_a_failed_commit_sync_publishes_nothing() {
 /// the process; the next open rejects the snapshot again and removes it,
 /// and the log that then grows past the position the snapshot names is
 /// never read through it.
-#[test]
-fn faults_and_crashes_while_open_removes_a_stale_snapshot() {
-    let batches = workload();
-    let clean = clean_run(&batches, false);
-    // Six batches, a snapshot of them, and then the newest segment loses
-    // its last record, the sixth batch: the snapshot covers more log than
-    // there is.
+/// Six batches, a snapshot of them, and then the newest segment loses its
+/// last record, the sixth batch: the snapshot covers more log than there is.
+fn stale_snapshot_image(batches: &[Batch]) -> FaultyStorage {
     let image = FaultyStorage::new();
     {
         let store = Store::open(dir(), options(&image)).expect("open");
@@ -1254,6 +1408,14 @@ fn faults_and_crashes_while_open_removes_a_stale_snapshot() {
     let len = file.len().expect("len");
     file.set_len(len - 1).expect("cut");
     file.sync_data().expect("sync");
+    image
+}
+
+#[test]
+fn faults_and_crashes_while_open_removes_a_stale_snapshot() {
+    let batches = workload();
+    let clean = clean_run(&batches, false);
+    let image = stale_snapshot_image(&batches);
 
     let probe = image.crash_image(CrashPolicy::ProcessCrash);
     let store = Store::open(dir(), options(&probe)).expect("open rejects the snapshot");
@@ -1305,6 +1467,72 @@ fn faults_and_crashes_while_open_removes_a_stale_snapshot() {
             recovers(&storage.crash_image(policy), &format!("{what}, {policy:?}"));
         }
     }
+}
+
+/// An open that removed a stale snapshot and failed at the directory sync
+/// that makes the removal durable leaves it on the disk, out of sight: the
+/// next open finds no snapshot and has nothing to remove again. Once new
+/// batches regrow the log to the position the snapshot names, a power
+/// loss brings it back, it fits, and the open after it serves the
+/// snapshot's values instead of the acknowledged batch's.
+#[test]
+fn a_stale_snapshot_whose_removal_failed_to_sync_is_not_trusted_after_later_batches_and_a_power_loss()
+ {
+    let batches = workload();
+    let image = stale_snapshot_image(&batches);
+    let probe = image.crash_image(CrashPolicy::ProcessCrash);
+    let store = Store::open(dir(), options(&probe)).expect("open rejects the snapshot");
+    let open_ops = probe.ops();
+    drop(store);
+    let removal_sync = open_ops
+        .iter()
+        .skip_while(|o| !(o.kind == OpKind::Remove && o.path.ends_with("SNAPSHOT")))
+        .find(|o| o.kind == OpKind::SyncDir)
+        .expect("open syncs the directory after removing the snapshot");
+    let storage = image.crash_image(CrashPolicy::ProcessCrash);
+    storage.inject(fault_at(&open_ops, removal_sync, FaultError::Io));
+    Store::open(dir(), options(&storage)).expect_err("the directory sync fails");
+    storage.heal();
+
+    // The sixth batch again, with other values of the same lengths: its
+    // record ends where the snapshot says the log it covers ends.
+    let other = |j: usize| format!("<VALUE 5.{j}>").repeat(8).into_bytes();
+    let mut b = Batch::new("B05");
+    for j in 0..3u64 {
+        let k = 5 + j as usize;
+        b = b.put(
+            format!("e5.{j}"),
+            format!("k{}", k % 7),
+            60 + j,
+            other(j as usize),
+        );
+    }
+    let b = b
+        .add("a5", "visits", 60, 6)
+        .put("e4.0", "k4", 50, value(4, 0))
+        .checkpoint(SOURCE, 6u64.to_be_bytes());
+    let store = Store::open(dir(), quiet_options(&storage)).expect("reopen");
+    assert!(!store.stats().opened_from_snapshot);
+    store.apply_batch(&b).expect("acknowledged");
+    let acknowledged = snap(&store);
+    assert_eq!(
+        store.get("k5").expect("get").map(|r| r.value),
+        Some(Bytes::from(other(0)))
+    );
+    drop(store);
+
+    let after = storage.crash_image(CrashPolicy::PowerLoss);
+    let store = Store::open(dir(), quiet_options(&after)).expect("open after power loss");
+    assert!(
+        !store.stats().opened_from_snapshot,
+        "the stale snapshot came back with the power loss and was trusted"
+    );
+    assert_eq!(
+        snap(&store),
+        acknowledged,
+        "after the power loss (opened from a snapshot: {})",
+        store.stats().opened_from_snapshot
+    );
 }
 
 /// A snapshot that open could not read, or rejected while the same open
@@ -1594,6 +1822,33 @@ fn open_syncs_the_parent_of_a_store_directory_it_creates() {
     failing.inject(Fault::new(OpKind::SyncDir, FaultError::Io));
     let e = Store::open(&nested, options(&failing)).expect_err("the parent's sync fails");
     assert!(e.to_string().contains(errno(FaultError::Io)), "{e}");
+}
+
+/// The sync of a new store directory's parent that fails fails the open,
+/// and leaves the directory in place: the next open finds it and creates
+/// nothing, so it must sync the parent then, or the store directory, and
+/// every batch acknowledged in it, may vanish in a power loss.
+/// (`FaultyStorage` keeps directories once made, so this checks the
+/// operations, as the test above does.)
+#[test]
+fn a_store_directory_whose_parents_sync_failed_is_made_durable_by_the_next_open() {
+    let nested = PathBuf::from("/parent/db");
+    let storage = FaultyStorage::new();
+    storage.inject(Fault::new(OpKind::SyncDir, FaultError::Io));
+    Store::open(&nested, options(&storage)).expect_err("the parent's sync fails");
+    storage.heal();
+    let before = storage.op_count();
+    let store = Store::open(&nested, options(&storage)).expect("reopen");
+    store
+        .apply_batch(&workload()[0])
+        .expect("an acknowledged batch");
+    let synced = storage.ops()[before as usize..]
+        .iter()
+        .any(|o| o.kind == OpKind::SyncDir && o.path == Path::new("/parent"));
+    assert!(
+        synced,
+        "the batch was acknowledged, and the store directory's entry in /parent was never synced"
+    );
 }
 
 /// The open after a failed commit sync rewrites the newest segment into a

@@ -10,6 +10,10 @@ pub(crate) const SNAPSHOT_FILE: &str = "SNAPSHOT";
 /// Left by a store whose sync failed: the next open rewrites the newest segment.
 pub(crate) const SYNC_FAILED_FILE: &str = "SYNC_FAILED";
 
+/// Left in a store directory that open created, until the parents of the
+/// directories it created are synced: how many levels, from the store's up.
+pub(crate) const PARENTS_UNSYNCED_FILE: &str = "PARENTS_UNSYNCED";
+
 /// Suffix of a file being written, renamed into place once whole and synced.
 pub(crate) const TMP_SUFFIX: &str = ".tmp";
 

@@ -40,12 +40,12 @@ use crate::format::segment::{FileKind, SEGMENT_HEADER_LEN};
 use crate::index::Index;
 use crate::index::expiry::Ttls;
 use crate::index::keys::{KeyEntry, KeyHash};
-use crate::log::names::{LOCK_FILE, segment_file_name};
+use crate::log::names::{LOCK_FILE, PARENTS_UNSYNCED_FILE, segment_file_name};
 use crate::log::segments::{SegmentMaps, ValueRef};
 use crate::log::writer::{LogWriter, create_segment, new_segment_len};
 use crate::options::Options;
 use crate::recovery;
-use crate::storage::Storage;
+use crate::storage::{OpenMode, Storage};
 use group_commit::GroupCommit;
 
 /// An open store. `Send + Sync`: share it between threads by reference or in an `Arc`.
@@ -139,18 +139,59 @@ fn create_and_lock_dir(storage: &dyn Storage, dir: &Path) -> Result<Box<dyn Any 
     // A directory made here is durable once its parent is synced (POSIX
     // promises no more; a journaling file system happens to do it), or the
     // log written into it could vanish with it in a power loss.
-    let mut created = Vec::new();
+    let mut created = 0usize;
     for d in dir.ancestors().take_while(|d| !d.as_os_str().is_empty()) {
         match storage.list_dir(d) {
             Ok(_) => break,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => created.push(d),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => created += 1,
             Err(e) => return Err(Error::io("list", d, e)),
         }
     }
     storage
         .create_dir_all(dir)
         .map_err(|e| Error::io("create directory", dir, e))?;
-    for d in created {
+    if created > 0 {
+        // Before the syncs: an open after one failed finds the directory
+        // and creates nothing, so only this note tells it to sync again.
+        // It needs to outlive only the page cache, as `SYNC_FAILED` does.
+        let note = dir.join(PARENTS_UNSYNCED_FILE);
+        match storage.open(&note, OpenMode::CreateNew) {
+            Ok(file) => file
+                .append(created.to_string().as_bytes())
+                .map_err(|e| Error::io("write", &note, e))?,
+            // Another process creating the same store wrote it.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(Error::io("create", &note, e)),
+        }
+    }
+    let lock = lock_dir(storage, dir)?;
+    sync_created_parents(storage, dir)?;
+    Ok(lock)
+}
+
+/// Syncs the parents of the directories an open created, as its note in
+/// `dir` says (all of `dir`'s ancestors if it cannot be read as a count),
+/// then removes the note (unsynced: a later open finding it again only
+/// syncs again). Caller holds the lock.
+fn sync_created_parents(storage: &dyn Storage, dir: &Path) -> Result<()> {
+    let note = dir.join(PARENTS_UNSYNCED_FILE);
+    let levels = match storage.open(&note, OpenMode::Read) {
+        Ok(file) => {
+            let mut text = [0u8; 20];
+            let len = file.len().map_err(|e| Error::io("read", &note, e))?;
+            let text = text.get_mut(..len as usize).unwrap_or_default();
+            file.read_at(0, text)
+                .map_err(|e| Error::io("read", &note, e))?;
+            std::str::from_utf8(text)
+                .ok()
+                .and_then(|t| t.parse().ok())
+                .unwrap_or(usize::MAX)
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io("open", &note, e)),
+    };
+    let created = dir.ancestors().take_while(|d| !d.as_os_str().is_empty());
+    for d in created.take(levels) {
         let parent = match d.parent() {
             Some(p) if p.as_os_str().is_empty() => Path::new("."),
             Some(p) => p,
@@ -160,7 +201,9 @@ fn create_and_lock_dir(storage: &dyn Storage, dir: &Path) -> Result<Box<dyn Any 
             .sync_dir(parent)
             .map_err(|e| Error::io("sync directory", parent, e))?;
     }
-    lock_dir(storage, dir)
+    storage
+        .remove_file(&note)
+        .map_err(|e| Error::io("remove", &note, e))
 }
 
 /// Locks the existing store directory `dir`: verify and repair of a path
@@ -301,6 +344,17 @@ impl Store {
             recovery::note_sync_failure(storage.as_ref(), &dir);
             Error::io("sync", active_path, e)
         })?;
+        // So must the directory entries the store now builds on. A failed
+        // directory sync (of a new segment's creation, at open, a rotation
+        // or compaction's cut, or after recovery renamed a copy over a
+        // segment or removed a stale snapshot) leaves its entries in the
+        // page cache only, where this open finds them as if they were
+        // durable and has nothing to do again; a power loss after batches
+        // acknowledged in that segment would take the segment, or the copy,
+        // back, or bring the snapshot back to be trusted.
+        storage
+            .sync_dir(&dir)
+            .map_err(|e| Error::io("sync directory", &dir, e))?;
         let log = LogWriter::new(
             dir.clone(),
             Arc::clone(&storage),
