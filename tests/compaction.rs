@@ -506,6 +506,24 @@ fn opening_and_closing_without_a_write_keeps_the_snapshot() {
     }
 }
 
+/// `Stats::disk_bytes` counts the snapshot's bytes with the segments':
+/// a snapshot takes disk too, and disk is what compaction is weighed by.
+#[test]
+fn disk_bytes_count_the_snapshot_with_the_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0_MS);
+    let store = Store::open(dir.path(), options(&clock)).unwrap();
+    for i in 0..20 {
+        store.apply_batch(&batch(i)).unwrap();
+    }
+    store.snapshot().unwrap();
+    let len = |name: &str| std::fs::metadata(dir.path().join(name)).unwrap().len();
+    let segments: u64 = segment_files(dir.path()).iter().map(|n| len(n)).sum();
+    let snapshot = len("SNAPSHOT");
+    assert!(snapshot > 0);
+    assert_eq!(store.stats().disk_bytes, segments + snapshot);
+}
+
 #[test]
 fn a_snapshot_from_before_a_compaction_is_not_trusted() {
     let dir = tempfile::tempdir().unwrap();

@@ -5,11 +5,15 @@
 //! process dies. Other processes are this test binary run again with
 //! `child_process_helper` selected and `IDEMKV_LOCKING_DIR` naming the store.
 
+use std::any::Any;
+use std::io;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use idemkv::storage::{OpenMode, OsStorage, Storage, StorageFile};
 use idemkv::{Batch, Error, Options, Store};
 
 const DIR_VAR: &str = "IDEMKV_LOCKING_DIR";
@@ -189,4 +193,69 @@ fn lock_of_a_killed_process_does_not_block_the_next_open() {
     let store = Store::open(&dir, Options::default()).expect("open after the holder was killed");
     assert_eq!(store.get("k").unwrap().unwrap().seq, 7);
     assert_locked(Store::open(&dir, Options::default()), &dir);
+}
+
+/// The file system, except that the lock is found held by someone else for
+/// the next `busy` tries, as when a forked child that has not exec'd yet
+/// still shares a closed store's lock.
+#[derive(Debug, Default)]
+struct BusyLock {
+    busy: AtomicU32,
+}
+
+impl Storage for BusyLock {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        OsStorage.create_dir_all(dir)
+    }
+    fn list_dir(&self, dir: &Path) -> io::Result<Vec<String>> {
+        OsStorage.list_dir(dir)
+    }
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn StorageFile>> {
+        OsStorage.open(path, mode)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        OsStorage.rename(from, to)
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        OsStorage.remove_file(path)
+    }
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        OsStorage.sync_dir(dir)
+    }
+    fn lock(&self, path: &Path) -> io::Result<Box<dyn Any + Send + Sync>> {
+        let busy = self
+            .busy
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if busy.is_ok() {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        OsStorage.lock(path)
+    }
+}
+
+/// A lock found held is tried again for a moment before the answer is
+/// `Locked` (DESIGN, "File lifecycle"): a store just closed by a process
+/// that forked at that instant must still open, here and for `verify_dir`.
+#[test]
+fn open_tries_a_lock_held_for_an_instant_again() {
+    let _serial = serial();
+    let parent = tempfile::tempdir().unwrap();
+    let dir = parent.path().join("store");
+    let storage = Arc::new(BusyLock::default());
+    let options = Options::default().storage(Arc::clone(&storage) as Arc<dyn Storage>);
+    storage.busy.store(1, Ordering::SeqCst);
+    let store = Store::open(&dir, options.clone()).expect("open once the lock is let go");
+    store
+        .apply_batch(&Batch::new("B1").put("e1", "k", 1, "v"))
+        .expect("apply");
+    drop(store);
+    assert_eq!(
+        storage.busy.load(Ordering::SeqCst),
+        0,
+        "the busy try was made"
+    );
+
+    storage.busy.store(1, Ordering::SeqCst);
+    let report = Store::verify_dir(&dir, &options).expect("verify once the lock is let go");
+    assert_eq!(report.records, 1);
 }

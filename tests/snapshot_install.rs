@@ -325,3 +325,89 @@ fn under_buffered_the_install_syncs_the_log_first_and_its_failure_poisons() {
         assert_eq!(reopened.digest().expect("digest"), clean_digest(BATCHES));
     }
 }
+
+/// The length of the file at `path` on `storage`.
+fn file_len(storage: &FaultyStorage, path: &std::path::Path) -> u64 {
+    use idemkv::storage::{OpenMode, Storage};
+    storage
+        .open(path, OpenMode::Read)
+        .expect("open file")
+        .len()
+        .expect("file length")
+}
+
+/// An automatic snapshot waits for as much new log as the size of the last
+/// snapshot written *or loaded* (DESIGN.md, "Snapshots"), so that a store
+/// reopened from a large snapshot does not rewrite it after every
+/// `snapshot_log_bytes` of log.
+#[test]
+fn after_a_reopen_an_automatic_snapshot_waits_for_as_much_log_as_the_loaded_one() {
+    let storage = FaultyStorage::new();
+    let store = Store::open(dir(), options(&storage).snapshot_log_bytes(None)).expect("open");
+    // Many small keys: a snapshot several times `snapshot_log_bytes`.
+    for i in 0..40 {
+        let mut b = Batch::new(format!("L{i:04}"));
+        for j in 0..100 {
+            b = b.put(format!("l{i}-{j}"), format!("l{i:04}-{j:03}"), 1, "v");
+        }
+        store.apply_batch(&b).expect("apply");
+    }
+    store.snapshot().expect("snapshot");
+    store.close().expect("close");
+    let loaded = file_len(&storage, &snapshot_path());
+    assert!(loaded > 4 * 8 * 1024, "a snapshot of {loaded} bytes");
+
+    let store = Store::open(dir(), options(&storage)).expect("reopen");
+    assert!(store.stats().opened_from_snapshot);
+    let writes = snapshot_writes(&storage);
+    let log_bytes = || -> u64 {
+        storage
+            .ops()
+            .iter()
+            .filter(|o| o.kind == OpKind::Write && is_segment(&o.path))
+            .map(|o| o.bytes)
+            .sum()
+    };
+    let at_open = log_bytes();
+    let mut i = 0;
+    while snapshot_writes(&storage) == writes {
+        store.apply_batch(&batch(i)).expect("apply");
+        i += 1;
+        assert!(i < 1_000, "no snapshot was ever written");
+    }
+    let written = log_bytes() - at_open;
+    assert!(
+        written >= loaded,
+        "a snapshot after {written} bytes of log, the loaded one has {loaded}"
+    );
+    store.close().expect("close");
+}
+
+/// `close` writes a snapshot when the next open would replay at least
+/// 64 KiB of log, counting the log this open replayed (DESIGN.md,
+/// "Snapshots"): a store reopened after its process died, and closed
+/// without a write, spares the open after it that replay.
+#[test]
+fn close_after_an_open_that_replayed_much_log_writes_a_snapshot() {
+    let storage = FaultyStorage::new();
+    let options = |storage: &FaultyStorage| options(storage).snapshot_log_bytes(None);
+    let store = Store::open(dir(), options(&storage)).expect("open");
+    for i in 0..BATCHES + 20 {
+        store.apply_batch(&batch(i)).expect("apply");
+    }
+    // The process dies: no close, no snapshot.
+    let image = storage.crash_image(idemkv::storage::CrashPolicy::ProcessCrash);
+    drop(store);
+    assert!(!has_file(&image, &snapshot_path()));
+
+    let store = Store::open(dir(), options(&image)).expect("reopen");
+    assert!(store.stats().records_replayed_at_open > 0);
+    store.close().expect("close");
+    assert!(
+        has_file(&image, &snapshot_path()),
+        "close wrote no snapshot"
+    );
+    let store = Store::open(dir(), options(&image)).expect("open again");
+    assert!(store.stats().opened_from_snapshot);
+    assert_eq!(store.stats().records_replayed_at_open, 0);
+}

@@ -59,6 +59,9 @@ mod tests {
             "0000000012.log",
             "LOCK",
             "0000000012.seg.tmp",
+            // Ten characters that `str::parse` takes for 12: a sign is no
+            // digit, and this file would stand in for `0000000012.seg`.
+            "+000000012.seg",
         ] {
             assert_eq!(parse_segment_file_name(bad), None, "{bad}");
         }
@@ -73,6 +76,8 @@ mod tests {
         for other in [
             "report.tmp",
             "12.seg.tmp",
+            "SNAPSHOT.old.tmp",
+            "my-SNAPSHOT.tmp",
             "SNAPSHOT",
             "0000000012.seg",
             ".tmp",
