@@ -1752,3 +1752,172 @@ fn log_json_stamps_each_batch_with_its_commit_time() {
         "{before}..={after}: {stamps:?}"
     );
 }
+
+/// A file of CRLF and LF lines, blank lines of several kinds, a line that
+/// is not UTF-8, two events on one key in one batch and a final line
+/// without its newline, ingested one batch per run (as a run killed after
+/// each commit would), ends as one uninterrupted run: the same rows,
+/// checkpoint, batches and quarantine. In fail mode the bad line is named
+/// by its number in the file, also when the run resumes just before it.
+#[test]
+fn crlf_blank_and_non_utf8_lines_resume_batch_by_batch_as_one_run() {
+    let dir = tempdir();
+    let file = dir.path().join("in.ndjson");
+    let mut body: Vec<u8> = Vec::new();
+    let lines: [&[u8]; 10] = [
+        b"{\"event_id\":\"a1\",\"key\":\"k1\",\"seq\":1,\"op\":\"put\",\"value\":1}\r\n",
+        b"\r\n",
+        b"{\"event_id\":\"a2\",\"key\":\"k1\",\"seq\":2,\"op\":\"put\",\"value\":2}\n",
+        b"  \t\n",
+        b"{\"event_id\":\"a3\",\"key\":\"k\xff\",\"seq\":1,\"op\":\"delete\"}\r\n",
+        b"\n",
+        b"{\"event_id\":\"a4\",\"key\":\"k2\",\"seq\":5,\"op\":\"add\",\"delta\":3}\r\n",
+        b"{\"event_id\":\"a5\",\"key\":\"k2\",\"seq\":6,\"op\":\"add\",\"delta\":4}\n",
+        b"{\"event_id\":\"a1\",\"key\":\"k1\",\"seq\":1,\"op\":\"put\",\"value\":1}\r\n",
+        b"{\"event_id\":\"a6\",\"key\":\"k3\",\"seq\":1,\"op\":\"delete\"}",
+    ];
+    for line in lines {
+        body.extend_from_slice(line);
+    }
+    fs::write(&file, &body).expect("write");
+    let complete = (body.len() - lines[9].len()) as u64;
+    let args = [
+        "--source",
+        "f",
+        "--batch-size",
+        "2",
+        "--on-invalid",
+        "quarantine",
+    ];
+
+    let clean = dir.path().join("clean");
+    let report = ingest_json(&clean, &file, &args);
+    assert_eq!(report["checkpoint"].as_u64(), Some(complete), "{report}");
+    assert_eq!(
+        report["pending_bytes"].as_u64(),
+        Some(lines[9].len() as u64)
+    );
+    assert_eq!(report["rejected"].as_u64(), Some(1), "{report}");
+
+    let stepped = dir.path().join("stepped");
+    let mut one = args.to_vec();
+    one.extend(["--max-batches", "1"]);
+    for _ in 0..10 {
+        ingest_json(&stepped, &file, &one);
+    }
+    assert_eq!(digest(&stepped), digest(&clean));
+    assert_eq!(scan(&stepped), scan(&clean));
+    assert_eq!(log(&stepped), log(&clean));
+    assert_eq!(checkpoint(&stepped, "f"), Some(complete));
+    let quarantine = |store: &Path| ok(&["quarantine", "--store", s(store), "--json"]);
+    assert_eq!(quarantine(&stepped), quarantine(&clean));
+    assert!(
+        quarantine(&clean).contains("\"line:5\""),
+        "{}",
+        quarantine(&clean)
+    );
+
+    // Fail mode: the run resumed after line 3 names line 5.
+    let failing = dir.path().join("failing");
+    let fail_args = ["--source", "f", "--batch-size", "2"];
+    let mut first = fail_args.to_vec();
+    first.extend(["--max-batches", "1"]);
+    ingest_json(&failing, &file, &first);
+    let after_line_3: usize = lines[..3].iter().map(|l| l.len()).sum();
+    assert_eq!(checkpoint(&failing, "f"), Some(after_line_3 as u64));
+    let mut rerun = vec!["ingest", "--store", s(&failing)];
+    rerun.extend_from_slice(&fail_args);
+    rerun.push(s(&file));
+    let stderr = fails(&rerun);
+    assert!(stderr.contains("line 5: not valid JSON"), "{stderr}");
+    assert!(stderr.contains("nothing of batch"), "{stderr}");
+}
+
+/// A line is refused as too long only when its bytes before the newline
+/// exceed `LINE_BYTES_MAX`; the message never states a length within the
+/// limit ("line of 4194304 bytes, longer than 4194304").
+#[test]
+fn a_line_of_exactly_the_limit_is_not_called_longer_than_the_limit() {
+    const LIMIT: usize = 4 << 20;
+    let dir = tempdir();
+    let store = dir.path().join("store");
+    let event = r#"{"event_id":"e1","key":"k","seq":1,"op":"delete"}"#;
+    for (name, ending) in [("lf", "\n"), ("crlf", "\r\n")] {
+        // The bytes before the `\n` number exactly LIMIT.
+        let pad = LIMIT - event.len() - (ending.len() - 1);
+        let file = dir.path().join(format!("{name}.ndjson"));
+        fs::write(&file, format!("{event}{}{ending}", " ".repeat(pad))).expect("write");
+        let out = idemkv(&["ingest", "--store", s(&store), "--json", s(&file)]);
+        let stderr = text(&out.stderr);
+        assert!(
+            !stderr.contains(&format!("line of {LIMIT} bytes, longer than {LIMIT}")),
+            "{name}: {stderr}"
+        );
+        assert!(out.status.success(), "{name}: {stderr}");
+    }
+    // So is a stream's final line without a newline.
+    let stream = format!("{event}{}", " ".repeat(LIMIT - event.len()));
+    let report = ingest_stdin(&store, stream.as_bytes(), &[]);
+    assert_eq!(report["duplicates"].as_u64(), Some(1), "{report}");
+    // One byte more is too long, and says so.
+    let file = dir.path().join("over.ndjson");
+    fs::write(
+        &file,
+        format!("{event}{}\n", " ".repeat(LIMIT + 1 - event.len())),
+    )
+    .expect("write");
+    let stderr = fails(&["ingest", "--store", s(&store), s(&file)]);
+    assert!(
+        stderr.contains(&format!(
+            "line 1: line of {} bytes, longer than {LIMIT}",
+            LIMIT + 1
+        )),
+        "{stderr}"
+    );
+}
+
+/// Two files whose paths differ only in bytes that are not UTF-8 must not
+/// share a default source (the path), or the second would resume at the
+/// first's checkpoint (refused as "replaced" while the first's batch is
+/// held; lines skipped once it expired). Such a path names no source: the
+/// run asks for `--source`, and with one each file is a source of its own.
+#[cfg(unix)]
+#[test]
+fn a_path_that_is_not_utf8_needs_a_source_name_of_its_own() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempdir();
+    let store = dir.path().join("store");
+    let lines = lines_with(&[]);
+    let first = dir
+        .path()
+        .join(std::ffi::OsStr::from_bytes(b"in\xff.ndjson"));
+    let second = dir
+        .path()
+        .join(std::ffi::OsStr::from_bytes(b"in\xfe.ndjson"));
+    write_lines(&first, &lines[..10]);
+    write_lines(&second, &other_lines());
+    for (file, source, inserted) in [(&first, "first", 10), (&second, "second", 30)] {
+        // Such a path cannot name its own source: the run is refused, with
+        // the way out, before anything is committed.
+        let out = Command::new(BIN)
+            .args(["ingest", "--store", s(&store), "--json"])
+            .arg(file)
+            .output()
+            .expect("run ingest");
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+        let stderr = text(&out.stderr);
+        assert!(
+            stderr.contains("not UTF-8") && stderr.contains("--source"),
+            "{stderr}"
+        );
+        let out = Command::new(BIN)
+            .args(["ingest", "--store", s(&store), "--json", "--source", source])
+            .arg(file)
+            .output()
+            .expect("run ingest");
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let report: Value = serde_json::from_str(text(&out.stdout).trim()).expect("json");
+        assert_eq!(report["inserted"].as_u64(), Some(inserted), "{report}");
+    }
+    assert_eq!(scan(&store).len(), 40);
+}

@@ -39,9 +39,10 @@ use crate::{Batch, BatchReport, Delivery, Error, LogEntry, Op, Store};
 /// so that one commit record stays a few MiB at most.
 pub const BATCH_BYTES_MAX: usize = 4 << 20;
 
-/// The longest line kept in memory, as long as a whole batch. A longer one
-/// is invalid input; its bytes are counted as they are read, not kept, so
-/// that a file without newlines takes no more memory than this.
+/// The most bytes a line may hold before its newline, as many as a whole
+/// batch. A longer one is invalid input; its bytes past the limit are
+/// counted as they are read, not kept, so that a file without newlines
+/// takes no more memory than this (and the one byte a newline takes).
 pub const LINE_BYTES_MAX: usize = BATCH_BYTES_MAX;
 
 /// Longest parse-error reason stored for a quarantined line, in characters.
@@ -71,7 +72,17 @@ impl Input {
                 let full = std::fs::canonicalize(path)
                     .or_else(|e| std::fs::metadata(path).map(|_| path.clone()).map_err(|_| e))
                     .with_context(|| format!("cannot open {}", path.display()))?;
-                Ok(full.to_string_lossy().into_owned())
+                // Not lossily: two paths that differ only in bytes that are
+                // not UTF-8 would share a source, and the second file would
+                // be refused as the first one replaced, or, once the
+                // first's batches expired, resumed at its offset.
+                let name = full.to_str().ok_or_else(|| {
+                    UsageError(format!(
+                        "the path {} is not UTF-8, so it cannot be its own source name: give one with --source",
+                        full.display()
+                    ))
+                })?;
+                Ok(name.to_owned())
             }
         }
     }
@@ -510,7 +521,7 @@ fn input_name(input: &Input) -> String {
     }
 }
 
-/// A line as it is read: its bytes, up to `LINE_BYTES_MAX`, and its length.
+/// A line as it is read: its bytes, up to `LINE_BYTES_MAX` and its newline, and its length.
 #[derive(Debug, Default)]
 struct Line {
     bytes: Vec<u8>,
@@ -538,7 +549,9 @@ impl Line {
                 Some(newline) => (newline + 1, true),
                 None => (available.len(), false),
             };
-            let room = LINE_BYTES_MAX.saturating_sub(self.bytes.len());
+            // Room for the newline after `LINE_BYTES_MAX` bytes: a line of
+            // exactly the limit is kept whole.
+            let room = (LINE_BYTES_MAX + 1).saturating_sub(self.bytes.len());
             self.bytes
                 .extend_from_slice(available.get(..take.min(room)).unwrap_or_default());
             self.len += take as u64;
@@ -549,8 +562,10 @@ impl Line {
         Ok(read)
     }
 
+    /// Whether its bytes before the newline are more than `LINE_BYTES_MAX`
+    /// (only as many are kept, and the newline).
     fn is_too_long(&self) -> bool {
-        self.len > self.bytes.len() as u64
+        self.len - u64::from(self.is_complete) > LINE_BYTES_MAX as u64
     }
 }
 
