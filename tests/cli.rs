@@ -1034,6 +1034,37 @@ fn a_line_longer_than_a_batch_is_invalid_input() {
     assert_eq!(scan(&store).len(), 29);
 }
 
+/// `--follow` reads a growing regular file: a FIFO is refused as a stream
+/// before it is opened, since opening one waits for a writer (without
+/// `--follow` a FIFO is read as a stream, until its writer closes it).
+#[cfg(unix)]
+#[test]
+fn follow_refuses_a_fifo_without_waiting_for_a_writer() {
+    let dir = tempdir();
+    let store = dir.path().join("store");
+    let fifo = dir.path().join("feed");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    let mut child = follow(&store, &fifo, "100");
+    // A hang guard, not a timing assertion: the refusal takes no time, and
+    // an open that waits for a writer would wait forever.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            child.kill().expect("kill");
+            panic!("ingest --follow waited for the FIFO's writer");
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    let out = child.wait_with_output().expect("output");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("is a stream"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 /// `ingest --json --follow` of `file` as source `tail`, polling every 20 ms
 /// and stopping after `idle_exit_ms` without new bytes.
 fn follow(store: &Path, file: &Path, idle_exit_ms: &str) -> std::process::Child {

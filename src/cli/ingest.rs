@@ -190,13 +190,22 @@ pub fn ingest(
     progress: &ProgressBar,
 ) -> anyhow::Result<IngestSummary> {
     assert!(options.batch_size >= 1, "batch size must be at least 1");
-    let opened = open_input(store, input, options)?;
-    if options.follow.is_some() && !opened.is_seekable {
-        return Err(UsageError(format!(
+    let refuse_follow = || {
+        UsageError(format!(
             "--follow reads a growing regular file; {} is a stream, which ingest reads until it ends anyway",
             input_name(input)
         ))
-        .into());
+    };
+    // Before the open, which for a FIFO waits for a writer to appear.
+    if options.follow.is_some()
+        && let Input::File(path) = input
+        && std::fs::metadata(path).is_ok_and(|m| !m.is_file())
+    {
+        return Err(refuse_follow().into());
+    }
+    let opened = open_input(store, input, options)?;
+    if options.follow.is_some() && !opened.is_seekable {
+        return Err(refuse_follow().into());
     }
     progress.set_position(opened.start);
     let mut run = Run {
@@ -762,7 +771,7 @@ impl Run<'_> {
                 ),
             },
             Error::BatchConflict { .. } => anyhow!(
-                "{err}: the input under source {} differs from what was ingested before (the file changed, or --batch-size or the field mapping did); {not_committed}",
+                "{err}: the input under source {} differs from what was ingested before (the file changed, or the field mapping did); {not_committed}",
                 string_literal(&self.options.source)
             ),
             // After this batch's write or sync failed the disk may still
