@@ -757,3 +757,246 @@ fn a_batch_planned_while_another_waits_for_its_sync_commits_no_earlier_than_it()
     let store = Store::open("/db", options).unwrap();
     assert_eq!(committed_ms(&store, "B1"), Some(T0_MS + 60_000));
 }
+
+/// While a batch's commit sync is held, no reader sees any part of it:
+/// `get`, `scan_prefix`, `batch`, `checkpoints`, `log`, `quarantine`,
+/// `digest` and `stats` (but for `seen_ids`) all answer as before it was
+/// written; once the sync returns, all of it at once. Run with a small
+/// record and with one of 32 KiB or more, whose seen ids go into the index
+/// before its sync.
+#[cfg(feature = "testing")]
+#[test]
+fn readers_see_no_part_of_a_batch_until_its_commit_sync_returns() {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use idemkv::storage::{FaultyStorage, OpKind};
+
+    const TIMEOUT: Duration = Duration::from_secs(20);
+    type Seen = (
+        Option<Record>,
+        Option<Record>,
+        Option<Record>,
+        Vec<(Bytes, Record)>,
+        Option<BatchReport>,
+        Vec<(Bytes, Bytes)>,
+        usize,
+        usize,
+        idemkv::Digest,
+        [u64; 5],
+    );
+    let observe = |store: &Store| -> Seen {
+        (
+            store.get("k1").unwrap(),
+            store.get("k9").unwrap(),
+            store.get("hits").unwrap(),
+            store.scan_prefix("").map(|r| r.unwrap()).collect(),
+            store.batch("A").unwrap(),
+            store.checkpoints(),
+            store.log().len(),
+            store.quarantine().len(),
+            store.digest().unwrap(),
+            {
+                // Not `seen_ids`: a large record's ids may count before its sync.
+                let stats = store.stats();
+                [
+                    stats.live_keys,
+                    stats.tombstones,
+                    stats.batches,
+                    stats.checkpoints,
+                    stats.quarantined,
+                ]
+            },
+        )
+    };
+    for is_large in [false, true] {
+        let storage = FaultyStorage::new();
+        let options = Options::default()
+            .storage(Arc::new(storage.clone()))
+            .durability(Durability::Sync)
+            .on_conflict(OnConflict::Quarantine)
+            .snapshot_log_bytes(None)
+            // The held sync is A's commit sync.
+            .zero_fill(false);
+        let store = Store::open("/db", options).unwrap();
+        store
+            .apply_batch(
+                &Batch::new("B0")
+                    .put("e0", "k1", 1, "v0")
+                    .add("e00", "hits", 1, 1)
+                    .checkpoint("src", "1"),
+            )
+            .unwrap();
+        let mut a = Batch::new("A")
+            .put("ea1", "k1", 2, "va")
+            .put("ea2", "k9", 1, "new")
+            .add("ea3", "hits", 2, 5)
+            .malformed("ea4", "bad")
+            .checkpoint("src", "2");
+        if is_large {
+            for j in 0..300 {
+                a = a.put(format!("el{j}"), format!("large{j}"), 1, "y".repeat(120));
+            }
+        }
+        let before = observe(&store);
+        storage.pause_next(OpKind::SyncData);
+        let (during, report) = std::thread::scope(|scope| {
+            let writer = scope.spawn(|| store.apply_batch(&a));
+            let held = storage.wait_until_paused(TIMEOUT);
+            let during = observe(&store);
+            storage.resume();
+            assert!(held.is_some(), "A's commit sync was held");
+            (during, writer.join().unwrap())
+        });
+        assert_eq!(
+            during, before,
+            "large {is_large}: a reader saw A before its sync"
+        );
+        let report = report.expect("A");
+        assert!(!report.replayed);
+        let after = observe(&store);
+        assert_eq!(after.0.map(|r| r.value), Some(Bytes::from_static(b"va")));
+        assert_eq!(after.1.map(|r| r.value), Some(Bytes::from_static(b"new")));
+        assert_eq!(after.2.map(|r| r.value), Some(Bytes::from_static(b"6")));
+        assert_eq!(after.4, Some(report));
+        assert_eq!(after.6, 2);
+        assert_eq!(after.7, 1);
+    }
+}
+
+/// Values handed out by `get` and a `Scan` not yet iterated outlive
+/// compactions that move every value, rename a base over the segment they
+/// point into and delete the others, later writes of the same keys and a
+/// digest that drops the maps' pages: they return the bytes they were
+/// taken with, over real memory maps.
+#[test]
+fn values_and_scans_taken_before_compactions_keep_their_rows_after_the_segments_are_gone() {
+    for durability in [Durability::Sync, Durability::Buffered] {
+        let dir = tempfile::tempdir().unwrap();
+        let options = Options::default()
+            .durability(durability)
+            .segment_bytes_max(8 << 10)
+            .snapshot_log_bytes(None);
+        let store = Store::open(dir.path(), options).unwrap();
+        let value = |round: u64, j: u64| format!("round {round} key {j} ").repeat(40);
+        let write_round = |round: u64| {
+            for j in 0..40u64 {
+                store
+                    .apply_batch(&Batch::new(format!("b{round}-{j}")).put(
+                        format!("e{round}-{j}"),
+                        format!("k{j:02}"),
+                        round + 1,
+                        value(round, j),
+                    ))
+                    .unwrap();
+            }
+        };
+        write_round(0);
+        let segments = || {
+            let mut names: Vec<String> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .filter(|n| n.ends_with(".seg"))
+                .collect();
+            names.sort();
+            names
+        };
+        let before = segments();
+        assert!(before.len() >= 3, "{before:?}");
+        let held = store.get("k07").unwrap().expect("k07");
+        let mut scan = store.scan_prefix("k");
+        let first = scan.next().expect("a row").unwrap();
+        for round in 1..3 {
+            write_round(round);
+            store.compact().unwrap();
+        }
+        store.digest().unwrap();
+        let after = segments();
+        assert!(
+            before.iter().filter(|s| after.contains(s)).count() <= 1,
+            "the old segments are gone: {before:?} -> {after:?}"
+        );
+        assert_eq!((held.seq, &held.value[..]), (1, value(0, 7).as_bytes()));
+        assert_eq!(&first.0[..], b"k00");
+        assert_eq!(
+            (first.1.seq, &first.1.value[..]),
+            (1, value(0, 0).as_bytes())
+        );
+        let rest: Vec<(Bytes, Record)> = scan.map(|r| r.unwrap()).collect();
+        assert_eq!(rest.len(), 39);
+        for (j, (key, record)) in (1u64..).zip(&rest) {
+            assert_eq!(&key[..], format!("k{j:02}").as_bytes());
+            assert_eq!((record.seq, &record.value[..]), (1, value(0, j).as_bytes()));
+        }
+        let now = store.get("k07").unwrap().expect("k07");
+        assert_eq!((now.seq, &now.value[..]), (3, value(2, 7).as_bytes()));
+    }
+}
+
+/// A compaction whose cut waits, under the writer lock, for the sync gate
+/// that a held commit sync holds blocks no reader, and publishes nothing
+/// early: while it waits, readers answer at once and see none of the held
+/// batch; once the sync returns, the batch and the compaction both complete
+/// and the batch survives a reopen.
+#[cfg(feature = "testing")]
+#[test]
+fn a_compaction_cut_waiting_for_a_held_commit_sync_blocks_no_reader_and_publishes_nothing_early() {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use idemkv::storage::{FaultyStorage, OpKind};
+
+    const TIMEOUT: Duration = Duration::from_secs(20);
+    let storage = FaultyStorage::new();
+    let options = Options::default()
+        .storage(Arc::new(storage.clone()))
+        .durability(Durability::Sync)
+        .snapshot_log_bytes(None)
+        // The held sync is A's commit sync.
+        .zero_fill(false);
+    let store = Store::open("/db", options.clone()).unwrap();
+    for i in 0..20 {
+        store
+            .apply_batch(&Batch::new(format!("B{i}")).put(format!("e{i}"), format!("k{i}"), 1, "v"))
+            .unwrap();
+    }
+    let before = (store.digest().unwrap(), store.log().len());
+    let (during, a, compaction) = std::thread::scope(|scope| {
+        storage.pause_next(OpKind::SyncData);
+        let a = scope.spawn(|| store.apply_batch(&Batch::new("A").put("ea", "ka", 1, "va")));
+        let held = storage.wait_until_paused(TIMEOUT).expect("A's sync held");
+        let compaction = scope.spawn(|| store.compact());
+        // The cut trims the active segment, then waits at the sync gate.
+        let deadline = Instant::now() + TIMEOUT;
+        while !storage
+            .ops()
+            .iter()
+            .any(|o| o.index > held && o.kind == OpKind::SetLen)
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let during = (
+            store.get("ka").unwrap(),
+            store.batch("A").unwrap(),
+            store.scan_prefix("ka").count(),
+            store.digest().unwrap(),
+            store.log().len(),
+        );
+        storage.resume();
+        (during, a.join().unwrap(), compaction.join().unwrap())
+    });
+    assert_eq!(
+        during,
+        (None, None, 0, before.0, before.1),
+        "A seen before its sync"
+    );
+    a.expect("A");
+    compaction.expect("compaction");
+    assert_eq!(&store.get("ka").unwrap().expect("A's row").value[..], b"va");
+    let digest = store.digest().unwrap();
+    drop(store);
+    let store = Store::open("/db", options).unwrap();
+    assert_eq!(store.digest().unwrap(), digest);
+    assert!(store.batch("A").unwrap().is_some());
+}

@@ -529,6 +529,7 @@ impl Store {
     pub fn stats(&self) -> Stats {
         let (segment_bytes, segments) = self.maps.disk_bytes();
         let disk_bytes = segment_bytes + self.snapshot_bytes();
+        let syncs = self.commit.syncs();
         let index = self.index.read();
         Stats {
             live_keys: index.keys.live_count(),
@@ -539,7 +540,7 @@ impl Store {
             quarantined: index.quarantine.len() as u64,
             segments,
             disk_bytes,
-            syncs: self.commit.syncs(),
+            syncs,
             index_bytes: IndexBytes {
                 keys: index.keys.memory_bytes(),
                 seen: index.seen.memory_bytes(),
