@@ -1498,3 +1498,79 @@ fn digest_tells_apart_states_whose_fields_split_the_same_bytes_differently() {
         state(Batch::new("B").put("e", "a", 0x162, "\0")),
     );
 }
+
+/// A malformed delivery whose caller gave no reason is still named as
+/// what it is: `InvalidEvent` with an empty reason read "invalid event "e"
+/// at delivery 0 of batch "B": " and its quarantine entry "invalid: ",
+/// which tell nothing of the problem.
+#[test]
+fn a_malformed_delivery_without_a_reason_is_still_named_malformed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), options());
+    let batch = Batch::new("B1").malformed("e1", "");
+    let result = apply(&store, &batch);
+    assert_invalid(result, "B1", 0, "e1");
+    let message = apply(&store, &batch).unwrap_err().to_string();
+    assert!(message.contains("malformed"), "{message}");
+    drop(store);
+
+    let options = options().on_conflict(OnConflict::Quarantine);
+    let store = open(dir.path(), options);
+    assert_eq!(commit(&store, &batch), report(|r| r.rejected = 1));
+    let q = store.quarantine();
+    assert_eq!(q.len(), 1);
+    assert!(q[0].reason.contains("malformed"), "{:?}", q[0].reason);
+    // The caller's own reason is kept as it is.
+    let r = commit(&store, &Batch::new("B2").malformed("e2", "line 3: bad"));
+    assert_eq!(r, report(|r| r.rejected = 1));
+    assert_eq!(store.quarantine()[1].reason, "invalid: line 3: bad");
+}
+
+/// The record body limit (DESIGN.md, "Limits": 2^30 bytes) is inclusive:
+/// a batch whose body is exactly 1 GiB (two values, one of them the
+/// largest a value may be, 512 MiB) commits and reads back after a
+/// reopen; one byte more is an `InvalidBatch` naming the size, and leaves
+/// nothing behind. (About 8 s and 3 GB of memory.)
+#[test]
+fn a_record_body_of_exactly_one_gib_commits_and_one_byte_more_is_an_invalid_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options::default()
+        .value_bytes_max(usize::MAX)
+        .durability(idemkv::Durability::Buffered)
+        .snapshot_log_bytes(None);
+    let store = open(dir.path(), options.clone());
+    let half = 1usize << 29;
+    // Besides the values: head 34 bytes (a 1-byte id), two seen ids 49,
+    // writes 1 + 2 * 13 (1-byte keys, seq 1, 5-byte lengths), and the
+    // empty checkpoint, quarantine and add lists 3: 113 bytes.
+    let rest = (1usize << 30) - 113 - half;
+    let batch = |id: &str, rest: usize| {
+        Batch::new(id)
+            .put("e1", "a", 1, vec![b'a'; half])
+            .put("e2", "b", 1, vec![b'b'; rest])
+    };
+    match apply(&store, &batch("C", rest + 1)) {
+        Err(Error::InvalidBatch { batch_id, reason }) => {
+            assert_eq!(batch_id, "C");
+            assert!(
+                reason.contains(&((1usize << 30) + 1).to_string()),
+                "{reason}"
+            );
+        }
+        other => panic!("expected InvalidBatch, got {other:?}"),
+    }
+    assert_eq!(store.get("a").unwrap(), None);
+    assert_eq!(store.batch("C").unwrap(), None);
+    assert_eq!(
+        commit(&store, &batch("B", rest)),
+        report(|r| r.inserted = 2)
+    );
+    drop(store);
+    let store = open(dir.path(), options);
+    let a = store.get("a").unwrap().expect("a");
+    assert_eq!((a.seq, a.value.len()), (1, half));
+    assert!(a.value.iter().all(|&b| b == b'a'));
+    let b = store.get("b").unwrap().expect("b");
+    assert_eq!(b.value.len(), rest);
+    assert!(b.value.iter().all(|&x| x == b'b'));
+}

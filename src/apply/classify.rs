@@ -82,7 +82,13 @@ pub(crate) fn hash_batch(batch: &Batch) -> (u128, Vec<DeliveryHash>) {
 /// options; `None` if it may be. Such a delivery has no identity to look up.
 pub(crate) fn static_problem(d: &Delivery) -> Option<Cow<'static, str>> {
     let problem: Cow<'static, str> = if let Op::Malformed { reason } = &d.op {
-        Cow::Owned(reason.clone())
+        // An empty reason would leave the error and the quarantine entry
+        // naming no problem at all.
+        if reason.is_empty() {
+            "malformed delivery".into()
+        } else {
+            Cow::Owned(reason.clone())
+        }
     } else if d.event_id.is_empty() {
         "empty event id".into()
     } else if d.event_id.len() > ID_BYTES_MAX {

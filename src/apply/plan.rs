@@ -175,6 +175,18 @@ impl<'b, V: StateView> Planner<'b, '_, V> {
         })
     }
 
+    /// The counter a current value holds, if it holds one. A stored value
+    /// longer than any counter's text is not read: each `Add` to a key
+    /// holding 64 MiB read and checked them all, under the writer lock.
+    fn counter_value(&self, value: Value<'b>) -> Result<Option<i64>> {
+        if let Value::Stored(r) = value
+            && r.len as usize > CounterText::BYTES_MAX
+        {
+            return Ok(None);
+        }
+        Ok(parse_counter(self.value_bytes(value)?.as_bytes()))
+    }
+
     fn write(&mut self, key: HashedKey<'b>, seq: u64, op: WriteSource<'b>) {
         let write = PlannedWrite {
             key: key.key,
@@ -226,7 +238,7 @@ impl<'b, V: StateView> Planner<'b, '_, V> {
                 }
                 let base = match current.live {
                     None => 0,
-                    Some(v) => match parse_counter(self.value_bytes(v)?.as_bytes()) {
+                    Some(v) => match self.counter_value(v)? {
                         Some(n) => n,
                         None => {
                             return Ok(Err(Refusal::Invalid(
