@@ -28,17 +28,19 @@ use crate::error::{Error, Result};
 use crate::format::FORMAT_VERSION;
 use crate::format::record::{KIND_BATCH, decode_batch};
 use crate::format::segment::{
-    FileKind, SEGMENT_HEADER_LEN, decode_segment_header, encode_segment_header,
-    newer_format_version,
+    FRAME_HEADER_LEN, FileKind, SEGMENT_HEADER_LEN, decode_frame, decode_segment_header,
+    encode_segment_header, newer_format_version,
 };
 use crate::format::state::StateEnd;
 use crate::index::Index;
 use crate::index::expiry::Ttls;
+use crate::index::keys::KeyState;
 use crate::log::names::{
     SNAPSHOT_FILE, SYNC_FAILED_FILE, TMP_SUFFIX, is_own_temporary, parse_segment_file_name,
     segment_file_name,
 };
 use crate::log::reader::{SegmentReader, data_end};
+use crate::log::segments::SegmentMaps;
 use crate::state_file::{LoadError, StateLoader};
 use crate::storage::{OpenMode, Storage, StorageFile};
 use crate::store::RepairReport;
@@ -284,6 +286,9 @@ fn walk(
                     from = file_len;
                     Ok(file_len)
                 }
+                Some((s, offset)) if o.id == s && !ends_a_record(&o.map, o.id, offset) => Err(
+                    Problem::at(o.id, offset, "snapshot position is not the end of a record"),
+                ),
                 Some((s, offset)) if o.id == s => {
                     from = offset;
                     // The snapshot's install synced the log up to its
@@ -328,6 +333,40 @@ fn walk(
         }
     }
     walk
+}
+
+/// Whether `offset` in segment `id` is its header's end or the end of a
+/// whole record (frame and body checksums hold), as the position a snapshot
+/// covers must be. A snapshot skips the records before it unread: without
+/// this, one whose position lay in zeros where the newest segment lost its
+/// last records (or the zeros of its preallocated extension) was trusted,
+/// its values there read as damaged, and the records appended after the
+/// hole were dropped by the next repair. Scans back to the nearest valid
+/// frame only (a frame names its own offset, so other candidates fail at
+/// once): the last record, if `offset` ends one; otherwise a record that
+/// `offset` lies inside or that ends before it with no record after, and
+/// either way the answer is no.
+fn ends_a_record(map: &[u8], id: u32, offset: u64) -> bool {
+    let Ok(end) = usize::try_from(offset) else {
+        return false;
+    };
+    if end == SEGMENT_HEADER_LEN || end > map.len() {
+        // The header's end, or past the file, which `replay` reports.
+        return true;
+    }
+    let Some(last_start) = end.checked_sub(FRAME_HEADER_LEN) else {
+        return false;
+    };
+    let nearest = (SEGMENT_HEADER_LEN..=last_start).rev().find_map(|at| {
+        let frame = decode_frame(map.get(at..end)?, id, u32::try_from(at).ok()?)?;
+        Some((at, frame))
+    });
+    nearest.is_some_and(|(at, frame)| {
+        at + FRAME_HEADER_LEN + frame.body_len as usize == end
+            && map
+                .get(at + FRAME_HEADER_LEN..end)
+                .is_some_and(|body| crc32fast::hash(body) == frame.body_crc)
+    })
 }
 
 /// Bytes of a map read between two releases of its pages: loading a file
@@ -613,6 +652,18 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, ttls: Ttls) -> Result<R
     refuse_newer_format(storage, dir)?;
     remove_leftovers(storage, dir)?;
     let (_, obsolete) = open_segments(storage, dir, false)?;
+    let Replayed {
+        index,
+        mut walk,
+        snapshot,
+        snapshot_is_stale,
+    } = replay_log(storage, dir, ttls, true, None)?;
+    if let Some(problem) = walk.problem.take_if(|p| !p.is_tail) {
+        // The segments below the newest base stay until it has loaded: an
+        // interrupted compaction left them, and if the base is damaged they
+        // are the intact log that a repair, which drops the base, keeps.
+        return Err(problem.into_error());
+    }
     if !obsolete.is_empty() {
         for id in obsolete {
             let path = dir.join(segment_file_name(id));
@@ -624,19 +675,10 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, ttls: Ttls) -> Result<R
             .sync_dir(dir)
             .map_err(|e| Error::io("sync directory", dir, e))?;
     }
-    let Replayed {
-        index,
-        mut walk,
-        snapshot,
-        snapshot_is_stale,
-    } = replay_log(storage, dir, ttls, true, None)?;
 
     let mut torn_bytes = 0;
     let is_cut = walk.problem.is_some();
     if let Some(problem) = walk.problem.take() {
-        if !problem.is_tail {
-            return Err(problem.into_error());
-        }
         let segment = walk
             .segments
             .last_mut()
@@ -1033,5 +1075,81 @@ fn snapshot_problem(
     Ok(read_snapshot(storage, dir)
         .and_then(|(file, map)| load_snapshot(file.as_ref(), &map, &mut scratch))
         .and_then(|snapshot| check_snapshot(&snapshot, walk).map_err(Cow::Borrowed))
+        .and_then(|()| check_snapshot_values(&scratch, walk))
         .err())
+}
+
+/// Reads every value the snapshot refers to, as a `get` would: its stored
+/// checksum must hold, and match the one the snapshot keeps. Open cannot
+/// afford this; verify reads the whole log anyway. Without it, a snapshot
+/// that fits the log's shape but not its bytes (copied from another store,
+/// or covering records lost to zeros) passed verify, and every read of its
+/// values failed.
+fn check_snapshot_values(snapshot: &Index, walk: &Walk) -> Result<(), Cow<'static, str>> {
+    let maps = SegmentMaps::new(0);
+    for s in &walk.segments {
+        let map = s
+            .file
+            .map(0)
+            .map_err(|e| format!("cannot map segment {}: {e}", s.id))?;
+        maps.insert(s.id, Arc::clone(&s.file), map);
+    }
+    for (key, entry) in snapshot.keys.range_prefix(b"") {
+        if let KeyState::Live(value) = entry.state {
+            maps.read(value).map_err(|e| {
+                format!(
+                    "the value of key {:?} does not read back: {e}",
+                    String::from_utf8_lossy(key)
+                )
+            })?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::segment::encode_frame;
+
+    /// Segment 3: a header of zeros (not read here), records of bodies
+    /// `bodies` one after the other, then `zeros` zero bytes; with where
+    /// each record ends.
+    fn segment(bodies: &[&[u8]], zeros: usize) -> (Vec<u8>, Vec<u64>) {
+        let mut file = vec![0u8; SEGMENT_HEADER_LEN];
+        let mut ends = Vec::new();
+        for body in bodies {
+            let at = file.len();
+            let mut frame = [0u8; FRAME_HEADER_LEN];
+            encode_frame(&mut frame, KIND_BATCH, body, 3, at as u32, 0);
+            file.extend_from_slice(&frame);
+            file.extend_from_slice(body);
+            ends.push(file.len() as u64);
+        }
+        file.resize(file.len() + zeros, 0);
+        (file, ends)
+    }
+
+    #[test]
+    fn a_snapshot_position_must_end_a_whole_record() {
+        let (file, ends) = segment(&[b"first body", b"second, longer body"], 4096);
+        let header_end = SEGMENT_HEADER_LEN as u64;
+        for at in [header_end, ends[0], ends[1]] {
+            assert!(ends_a_record(&file, 3, at), "{at}");
+        }
+        let inside = [header_end + 1, ends[0] - 1, ends[0] + 5, ends[1] - 1];
+        let in_zeros = [ends[1] + 1, ends[1] + 1000, file.len() as u64];
+        for at in inside.into_iter().chain(in_zeros) {
+            assert!(!ends_a_record(&file, 3, at), "{at}");
+        }
+        assert!(
+            !ends_a_record(&file, 4, ends[1]),
+            "another segment's frames"
+        );
+        // A record whose body was damaged ends nothing.
+        let mut damaged = file.clone();
+        damaged[ends[1] as usize - 2] ^= 1;
+        assert!(!ends_a_record(&damaged, 3, ends[1]));
+        assert!(ends_a_record(&damaged, 3, ends[0]));
+    }
 }
