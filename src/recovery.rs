@@ -880,7 +880,44 @@ pub(crate) const LOST_FOUND_DIR: &str = "lost+found";
 /// Cuts the log at its first problem, keeping the longest valid prefix. The
 /// dropped bytes, and the snapshot (which may cover them), are moved into
 /// `lost+found/`, not deleted.
+///
+/// A pass that drops the newest base whole uncovers the segments an
+/// interrupted compaction left below it (open deletes them only once the
+/// base loads): they are the log then, and the next pass repairs them in
+/// turn, into the same `lost+found` directory, until a pass finds the log
+/// whole. Each pass that finds a problem drops a segment or cuts one to its
+/// valid records, so the passes end.
 pub(crate) fn repair(storage: &dyn Storage, dir: &Path, now_ms: u64) -> Result<RepairReport> {
+    let mut report = repair_pass(storage, dir, now_ms, None)?;
+    // A bound, should a pass ever leave its problem in place: each pass
+    // that finds one removes or cuts a file of the directory.
+    let files = storage
+        .list_dir(dir)
+        .map_err(|e| Error::io("list", dir, e))?
+        .len();
+    let mut found_one = report.first_bad.is_some();
+    for _ in 0..=files {
+        if !found_one {
+            break;
+        }
+        let lost = report.lost_found.clone();
+        let next = repair_pass(storage, dir, now_ms, lost.as_deref())?;
+        report.records_kept = next.records_kept;
+        report.bytes_dropped += next.bytes_dropped;
+        report.segments_dropped += next.segments_dropped;
+        found_one = next.first_bad.is_some();
+    }
+    Ok(report)
+}
+
+/// One pass of `repair`, moving what it drops into `lost_found` if given,
+/// else into a fresh directory.
+fn repair_pass(
+    storage: &dyn Storage,
+    dir: &Path,
+    now_ms: u64,
+    lost_found: Option<&Path>,
+) -> Result<RepairReport> {
     refuse_newer_format(storage, dir)?;
     // An interrupted repair may have left its copy of the segment it cuts.
     remove_leftovers(storage, dir)?;
@@ -895,7 +932,10 @@ pub(crate) fn repair(storage: &dyn Storage, dir: &Path, now_ms: u64) -> Result<R
     let Some(problem) = walk.problem.take() else {
         // A whole log: a snapshot that does not fit it is all there is to move.
         if snapshot_problem(storage, dir, &walk)?.is_some() {
-            let lost = fresh_lost_found(storage, dir, now_ms)?;
+            let lost = match lost_found {
+                Some(lost) => lost.to_owned(),
+                None => fresh_lost_found(storage, dir, now_ms)?,
+            };
             let from = dir.join(SNAPSHOT_FILE);
             let file = storage
                 .open(&from, OpenMode::Read)
@@ -915,7 +955,10 @@ pub(crate) fn repair(storage: &dyn Storage, dir: &Path, now_ms: u64) -> Result<R
         return Ok(report);
     };
     report.first_bad = Some((u64::from(problem.segment), problem.offset));
-    let lost = fresh_lost_found(storage, dir, now_ms)?;
+    let lost = match lost_found {
+        Some(lost) => lost.to_owned(),
+        None => fresh_lost_found(storage, dir, now_ms)?,
+    };
     report.lost_found = Some(lost.clone());
 
     // The segment holding the problem keeps its valid prefix, if it has one:
