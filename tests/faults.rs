@@ -1907,10 +1907,31 @@ fn a_crash_at_every_step_of_the_rewrite_after_a_failed_sync_keeps_acknowledged_b
 /// it, and open refused the log as corrupt.)
 #[test]
 fn a_crash_between_a_failed_sync_and_its_marker_loses_no_later_batch() {
-    let options =
-        |storage: &FaultyStorage| options(storage).zero_fill(false).snapshot_log_bytes(None);
+    let image = crash_before_the_marker_of_a_failed_sync();
+    assert!(!image.files().iter().any(|p| p.ends_with("SYNC_FAILED")));
+    let store = Store::open(dir(), unsnapshotted_unfilled(&image)).expect("reopen");
+    store
+        .apply_batch(&Batch::new("B2").put("e2", "k2", 1, "v"))
+        .expect("B2 acknowledged");
+    let after = image.crash_image(CrashPolicy::PowerLoss);
+    drop(store);
+    let store =
+        Store::open(dir(), unsnapshotted_unfilled(&after)).expect("open after the power loss");
+    for key in ["k0", "k2"] {
+        assert!(store.get(key).unwrap().is_some(), "acknowledged {key} lost");
+    }
+}
+
+/// The test options without zero fill or automatic snapshots.
+fn unsnapshotted_unfilled(storage: &FaultyStorage) -> Options {
+    options(storage).zero_fill(false).snapshot_log_bytes(None)
+}
+
+/// The disk a process leaves that acknowledged B0 (putting `k0`), saw
+/// B1's commit sync fail, and died as it made the `SYNC_FAILED` marker.
+fn crash_before_the_marker_of_a_failed_sync() -> FaultyStorage {
     let failing_b1 = |storage: &FaultyStorage| {
-        let store = Store::open(dir(), options(storage)).expect("open");
+        let store = Store::open(dir(), unsnapshotted_unfilled(storage)).expect("open");
         store
             .apply_batch(&Batch::new("B0").put("e0", "k0", 1, "v"))
             .expect("B0");
@@ -1927,22 +1948,10 @@ fn a_crash_between_a_failed_sync_and_its_marker_loses_no_later_batch() {
         .find(|o| o.kind == OpKind::Open && o.path.ends_with("SYNC_FAILED"))
         .expect("the marker is made")
         .index;
-
     let storage = FaultyStorage::new();
     storage.crash_at(marker);
     failing_b1(&storage);
-    let image = storage.crash_image(CrashPolicy::ProcessCrash);
-    assert!(!image.files().iter().any(|p| p.ends_with("SYNC_FAILED")));
-    let store = Store::open(dir(), options(&image)).expect("reopen");
-    store
-        .apply_batch(&Batch::new("B2").put("e2", "k2", 1, "v"))
-        .expect("B2 acknowledged");
-    let after = image.crash_image(CrashPolicy::PowerLoss);
-    drop(store);
-    let store = Store::open(dir(), options(&after)).expect("open after the power loss");
-    for key in ["k0", "k2"] {
-        assert!(store.get(key).unwrap().is_some(), "acknowledged {key} lost");
-    }
+    storage.crash_image(CrashPolicy::ProcessCrash)
 }
 
 /// Open syncs the newest segment before its first frame claims the records
@@ -1953,37 +1962,15 @@ fn a_crash_between_a_failed_sync_and_its_marker_loses_no_later_batch() {
 /// batch's write, and nothing else unsynced, must leave a log that opens.
 #[test]
 fn a_buffered_batch_after_the_reopen_of_a_failed_sync_claims_only_durable_records() {
-    let options =
-        |storage: &FaultyStorage| options(storage).zero_fill(false).snapshot_log_bytes(None);
-    let failing_b1 = |storage: &FaultyStorage| {
-        let store = Store::open(dir(), options(storage)).expect("open");
-        store
-            .apply_batch(&Batch::new("B0").put("e0", "k0", 1, "v"))
-            .expect("B0");
-        storage.inject(Fault::new(OpKind::SyncData, FaultError::Io));
-        let b1 = Batch::new("B1").put("e1", "k1", 1, "v");
-        assert!(store.apply_batch(&b1).is_err(), "B1's sync fails");
-    };
-    let probe = FaultyStorage::new();
-    failing_b1(&probe);
-    let marker = probe
-        .ops()
-        .iter()
-        .find(|o| o.kind == OpKind::Open && o.path.ends_with("SYNC_FAILED"))
-        .expect("the marker is made")
-        .index;
-
-    let storage = FaultyStorage::new();
-    storage.crash_at(marker);
-    failing_b1(&storage);
-    let image = storage.crash_image(CrashPolicy::ProcessCrash);
-    let buffered = options(&image).durability(Durability::Buffered);
+    let image = crash_before_the_marker_of_a_failed_sync();
+    let buffered = unsnapshotted_unfilled(&image).durability(Durability::Buffered);
     let store = Store::open(dir(), buffered).expect("reopen");
     store
         .apply_batch(&Batch::new("B2").put("e2", "k2", 1, "v"))
         .expect("B2");
     let after = image.crash_image(CrashPolicy::Reordered { writes: 1 });
     drop(store);
-    let store = Store::open(dir(), options(&after)).expect("open after the power loss");
+    let store =
+        Store::open(dir(), unsnapshotted_unfilled(&after)).expect("open after the power loss");
     assert!(store.get("k0").unwrap().is_some(), "acknowledged k0 lost");
 }
