@@ -809,6 +809,17 @@ mod tests {
         }
     }
 
+    /// A `KEYS` record of `body` whose frame lies at offset 80 of its file.
+    fn keys_record_at_80(body: &[u8]) -> RecordRef<'_> {
+        RecordRef {
+            kind: state::KIND_KEYS,
+            offset: 80,
+            synced_to: 0,
+            body_at: 108,
+            body,
+        }
+    }
+
     /// A base's value is found where it lies inside the record, and the
     /// index knows its CRC, as after a write (DESIGN.md, "Values").
     #[test]
@@ -817,13 +828,7 @@ mod tests {
             value: b"value",
             value_at: 0,
         });
-        let record = RecordRef {
-            kind: state::KIND_KEYS,
-            offset: 80,
-            synced_to: 0,
-            body_at: 108,
-            body: &body,
-        };
+        let record = keys_record_at_80(&body);
         let mut index = Index::default();
         StateLoader::new(FileKind::Base)
             .apply(&mut index, &record, 7)
@@ -847,13 +852,7 @@ mod tests {
                 len: 1,
                 crc: None,
             });
-            let record = RecordRef {
-                kind: state::KIND_KEYS,
-                offset: 80,
-                synced_to: 0,
-                body_at: 108,
-                body: &body,
-            };
+            let record = keys_record_at_80(&body);
             StateLoader::new(FileKind::Snapshot).apply(&mut Index::default(), &record, 0)
         };
         assert!(load(4).is_ok());
