@@ -1117,24 +1117,35 @@ fn snapshot_problem(
     let mut scratch = Index::default();
     Ok(read_snapshot(storage, dir)
         .and_then(|(file, map)| load_snapshot(file.as_ref(), &map, &mut scratch))
-        .and_then(|snapshot| check_snapshot(&snapshot, walk).map_err(Cow::Borrowed))
-        .and_then(|()| check_snapshot_values(&scratch, walk))
+        .and_then(|snapshot| {
+            check_snapshot(&snapshot, walk).map_err(Cow::Borrowed)?;
+            Ok(snapshot.end)
+        })
+        .and_then(|end| check_snapshot_values(&scratch, &end, walk))
         .err())
 }
 
-/// Reads every value the snapshot refers to, as a `get` would: its stored
-/// checksum must hold, and match the one the snapshot keeps. Open cannot
-/// afford this; verify reads the whole log anyway. Without it, a snapshot
-/// that fits the log's shape but not its bytes (copied from another store,
-/// or covering records lost to zeros) passed verify, and every read of its
-/// values failed.
-fn check_snapshot_values(snapshot: &Index, walk: &Walk) -> Result<(), Cow<'static, str>> {
+/// Checks what open checks of the snapshot's bytes (its covered position
+/// ends a whole record), then reads every value it refers to, as a `get`
+/// would: its stored checksum must hold, and match the one the snapshot
+/// keeps. Open cannot afford the reads; verify reads the whole log anyway.
+/// Without them, a snapshot that fits the log's shape but not its bytes
+/// (copied from another store, or covering records lost to zeros) passed
+/// verify, and every read of its values failed.
+fn check_snapshot_values(
+    snapshot: &Index,
+    end: &StateEnd,
+    walk: &Walk,
+) -> Result<(), Cow<'static, str>> {
     let maps = SegmentMaps::new(0);
     for s in &walk.segments {
         let map = s
             .file
             .map(0)
             .map_err(|e| format!("cannot map segment {}: {e}", s.id))?;
+        if s.id == end.covered_segment && !ends_a_record(&map, s.id, end.covered_offset) {
+            return Err("snapshot position is not the end of a record".into());
+        }
         maps.insert(s.id, Arc::clone(&s.file), map);
     }
     for (key, entry) in snapshot.keys.range_prefix(b"") {

@@ -1275,6 +1275,36 @@ fn verify_refuses_a_snapshot_copied_from_another_store() {
     assert_eq!(store.scan_prefix(b"").filter(|r| r.is_ok()).count(), 20);
 }
 
+/// A snapshot whose covered position falls inside a record of the log
+/// (here one copied from a store whose records are shorter) is refused by
+/// open and by verify alike, before any of its values is read.
+#[test]
+fn a_snapshot_position_inside_a_record_is_refused_by_open_and_verify() {
+    let a = tempfile::tempdir().unwrap();
+    let b = tempfile::tempdir().unwrap();
+    let store = Store::open(a.path(), unsnapshotted_options()).unwrap();
+    for i in 0..10 {
+        store.apply_batch(&padded_put(i)).unwrap();
+    }
+    store.snapshot().unwrap();
+    store.close().unwrap();
+    // One record longer than all of a's log: a's position lies inside it,
+    // and so does every value a's snapshot refers to.
+    let store = Store::open(b.path(), unsnapshotted_options()).unwrap();
+    let long = Batch::new("L").put("el", "kl", 1, "y".repeat(8_000));
+    store.apply_batch(&long).unwrap();
+    store.close().unwrap();
+    fs::copy(a.path().join("SNAPSHOT"), b.path().join("SNAPSHOT")).unwrap();
+
+    let verified = Store::verify_dir(b.path(), &unsnapshotted_options());
+    let reason = format!("{:?}", verified.expect_err("verify refuses the snapshot"));
+    assert!(reason.contains("not the end of a record"), "{reason}");
+    let store = Store::open(b.path(), unsnapshotted_options()).unwrap();
+    let stats = store.stats();
+    assert!(!stats.opened_from_snapshot, "{stats:?}");
+    assert_eq!(store.scan_prefix(b"").filter(|r| r.is_ok()).count(), 1);
+}
+
 /// A compaction stopped after renaming its base into place leaves the
 /// segments below the base; if that base then turns out damaged, they are
 /// the only intact copy of the log. Open must report the corruption without

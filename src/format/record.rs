@@ -375,7 +375,7 @@ mod tests {
     }
 
     /// A refused tag or empty field is reported at its own byte (DESIGN.md,
-    /// "Failure handling": `Corruption` at the offending byte), not at the
+    /// "Reader rules": `Corruption` at the offending byte), not at the
     /// byte after it.
     #[test]
     fn a_bad_tag_or_an_empty_field_is_reported_at_its_own_byte() {

@@ -1,5 +1,5 @@
 //! The whole index written out as state records, and read back
-//! (DESIGN.md, "Base segments and snapshots").
+//! (DESIGN.md, "Compaction, snapshots and repair").
 //!
 //! Compaction writes a *base segment*: state records with every live value
 //! inline, which replaces all older segments. A *snapshot* holds the same
