@@ -53,6 +53,14 @@ struct Ttls {
     tomb_ms: u64,
 }
 
+fn ttls(seen_ms: u64, batch_ms: u64, tomb_ms: u64) -> Ttls {
+    Ttls {
+        seen_ms,
+        batch_ms,
+        tomb_ms,
+    }
+}
+
 fn options(
     storage: &FaultyStorage,
     clock: &ManualClock,
@@ -185,11 +193,7 @@ fn run(seed: u64, t: Ttls, durability: Durability, steps: usize) {
 #[test]
 fn a_store_that_crashes_and_compacts_decides_as_its_twin_when_ids_outlive_batches() {
     for seed in 1..=16 {
-        let t = Ttls {
-            seen_ms: 3000,
-            batch_ms: 2000,
-            tomb_ms: 1500,
-        };
+        let t = ttls(3000, 2000, 1500);
         run(seed, t, Durability::Sync, 300);
     }
 }
@@ -197,11 +201,7 @@ fn a_store_that_crashes_and_compacts_decides_as_its_twin_when_ids_outlive_batche
 #[test]
 fn a_store_that_crashes_and_compacts_decides_as_its_twin_when_batches_outlive_ids() {
     for seed in 1011..=1026 {
-        let t = Ttls {
-            seen_ms: 2000,
-            batch_ms: 5000,
-            tomb_ms: 2500,
-        };
+        let t = ttls(2000, 5000, 2500);
         run(seed, t, Durability::Sync, 300);
     }
 }
@@ -209,11 +209,7 @@ fn a_store_that_crashes_and_compacts_decides_as_its_twin_when_batches_outlive_id
 #[test]
 fn a_buffered_store_that_crashes_and_compacts_decides_as_its_twin_under_subsecond_ttls() {
     for seed in 2021..=2032 {
-        let t = Ttls {
-            seen_ms: 700,
-            batch_ms: 400,
-            tomb_ms: 300,
-        };
+        let t = ttls(700, 400, 300);
         run(seed, t, Durability::Buffered, 300);
     }
 }
@@ -344,25 +340,9 @@ fn ttls_that_change_at_every_reopen_apply_no_add_twice_when_buffered() {
 
 #[test]
 fn a_store_that_crashes_and_compacts_decides_as_its_twin_at_zero_and_whole_second_ttls() {
-    for (k, t) in [
-        Ttls {
-            seen_ms: 0,
-            batch_ms: 0,
-            tomb_ms: 0,
-        },
-        Ttls {
-            seen_ms: 1000,
-            batch_ms: 1000,
-            tomb_ms: 1000,
-        },
-        Ttls {
-            seen_ms: 1,
-            batch_ms: 1999,
-            tomb_ms: 1001,
-        },
-    ]
-    .into_iter()
-    .enumerate()
+    for (k, t) in [ttls(0, 0, 0), ttls(1000, 1000, 1000), ttls(1, 1999, 1001)]
+        .into_iter()
+        .enumerate()
     {
         for seed in 0..8u64 {
             run(5000 + 100 * k as u64 + seed, t, Durability::Sync, 250);

@@ -1058,19 +1058,8 @@ fn acknowledged_batches_after_a_failed_sync_and_reopen_survive_power_loss() {
         drop(store);
         // Reopen on the same storage and finish the workload: every batch
         // from here on is acknowledged under Durability::Sync.
-        let store = Store::open(dir(), options(&storage)).expect("reopen");
-        for b in batches.iter().skip(failed_at) {
-            store.apply_batch(b).expect("apply after reopen");
-        }
-        drop(store);
-        let image = storage.crash_image(CrashPolicy::PowerLoss);
-        match Store::open(dir(), options(&image)) {
-            Ok(store) if Some(&snap(&store)) == clean.states.last() => {}
-            Ok(store) => failures.push(format!(
-                "{what}: after power loss, log {:?}",
-                snap(&store).log
-            )),
-            Err(e) => failures.push(format!("{what}: after power loss, open: {e}")),
+        if let Err(e) = resume_then_power_loss(&storage, &batches, &clean, options) {
+            failures.push(format!("{what} (batch {failed_at} failed): {e}"));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
@@ -1108,19 +1097,8 @@ fn acknowledged_batches_after_any_failed_log_sync_and_reopen_survive_power_loss(
         // A fault that a different run of operations never reached must
         // not fire in the reopened store instead.
         storage.heal();
-        let store = Store::open(dir(), options(&storage)).expect("reopen");
-        for b in batches.iter().skip(failed_at) {
-            store.apply_batch(b).expect("apply after reopen");
-        }
-        drop(store);
-        let image = storage.crash_image(CrashPolicy::PowerLoss);
-        match Store::open(dir(), options(&image)) {
-            Ok(store) if Some(&snap(&store)) == clean.states.last() => {}
-            Ok(store) => failures.push(format!(
-                "{what}: after power loss, log {:?}",
-                snap(&store).log
-            )),
-            Err(e) => failures.push(format!("{what}: after power loss, open: {e}")),
+        if let Err(e) = resume_then_power_loss(&storage, &batches, &clean, options) {
+            failures.push(format!("{what} (batch {failed_at} failed): {e}"));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
@@ -1173,15 +1151,17 @@ fn run_script_until_it_fails(storage: &FaultyStorage, batches: &[Batch]) {
     }
 }
 
-/// Reopens `storage` (healed) without a power loss, resumes the workload
-/// from its checkpoint with every batch acknowledged, then opens the image
-/// a power loss leaves: it must hold the uninterrupted final state.
+/// Reopens `storage` (healed) under `options` without a power loss,
+/// resumes the workload from its checkpoint with every batch acknowledged,
+/// then opens the image a power loss leaves: it must hold the
+/// uninterrupted final state.
 fn resume_then_power_loss(
     storage: &FaultyStorage,
     batches: &[Batch],
     clean: &Clean,
+    options: fn(&FaultyStorage) -> Options,
 ) -> Result<(), String> {
-    let store = Store::open(dir(), quiet_options(storage)).map_err(|e| format!("reopen: {e}"))?;
+    let store = Store::open(dir(), options(storage)).map_err(|e| format!("reopen: {e}"))?;
     let next = store
         .checkpoint(SOURCE)
         .expect("checkpoint")
@@ -1196,7 +1176,7 @@ fn resume_then_power_loss(
     }
     drop(store);
     let image = storage.crash_image(CrashPolicy::PowerLoss);
-    match Store::open(dir(), quiet_options(&image)) {
+    match Store::open(dir(), options(&image)) {
         Ok(store) if Some(&snap(&store)) == clean.states.last() => Ok(()),
         Ok(store) => Err(format!(
             "batches resumed from {next}, after power loss the log is {:?}",
@@ -1230,7 +1210,7 @@ fn acknowledged_batches_after_a_fault_at_any_write_and_a_reopen_survive_power_lo
         storage.inject(fault_at(&clean.ops, op, FaultError::Io));
         run_script_until_it_fails(&storage, &batches);
         storage.heal();
-        if let Err(e) = resume_then_power_loss(&storage, &batches, &clean) {
+        if let Err(e) = resume_then_power_loss(&storage, &batches, &clean, quiet_options) {
             failures.push(format!("{what}: {e}"));
         }
     }
@@ -1276,7 +1256,7 @@ fn acknowledged_batches_after_a_fault_in_recovery_and_a_reopen_survive_power_los
                 continue;
             }
             storage.heal();
-            if let Err(e) = resume_then_power_loss(&storage, &batches, &clean) {
+            if let Err(e) = resume_then_power_loss(&storage, &batches, &clean, quiet_options) {
                 failures.push(format!("{what}: {e}"));
             }
         }
