@@ -35,7 +35,7 @@ use crate::error::{Error, Result, display_id};
 use crate::format::record::{CounterText, ValueSource, WriteSource, parse_counter};
 use crate::hashing::{BytesMap, IdMap};
 use crate::index::PREFETCH_AHEAD;
-use crate::index::keys::KeyHash;
+use crate::index::keys::{KeyHash, KeyIndex};
 use crate::log::segments::ValueRef;
 use crate::options::OnConflict;
 
@@ -66,6 +66,10 @@ pub(crate) struct Plan<'b> {
     pub rejects: Vec<PlannedReject<'b>>,
     /// Counter keys that applied `Add`s, with the largest `Add` seq per key.
     pub adds: Vec<(&'b [u8], u64)>,
+    /// Key index bytes the keys this batch writes first take
+    /// (`KeyIndex::record_bytes`): keys the view does not know, which
+    /// includes those whose tombstone expired but is still held.
+    pub new_key_bytes: u64,
 }
 
 /// Limits and policy the planner needs.
@@ -300,6 +304,11 @@ impl<'b, V: StateView> Planner<'b, '_, V> {
                 }
             },
             Op::Malformed { .. } => unreachable!("malformed deliveries fail the static checks"),
+        }
+        // Every outcome that gets here wrote the key; one the view and the
+        // batch did not know is new to the key index.
+        if current.version.is_none() {
+            self.plan.new_key_bytes += KeyIndex::record_bytes(key.key.len());
         }
         Ok(Ok(()))
     }

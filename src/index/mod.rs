@@ -208,7 +208,7 @@ impl Index {
                     .ok_or("version bump of a key with no live row")?,
             };
             self.keys
-                .set_hashed(w.key, hashes.at(i), KeyEntry { seq: w.seq, state });
+                .set_hashed(w.key, hashes.at(i), KeyEntry { seq: w.seq, state })?;
         }
         for &(key, seq) in &record.adds {
             // A shadow's mark starts from the mark it shadows, so that its

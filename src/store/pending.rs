@@ -47,6 +47,8 @@ struct Written {
     body: Vec<u8>,
     /// The writer applied its seen ids to the index already.
     is_seen_applied: bool,
+    /// Key index bytes its new keys take once published (`Plan::new_key_bytes`).
+    new_key_bytes: u64,
 }
 
 /// The records written but not yet published, and their combined effects.
@@ -66,6 +68,8 @@ pub(crate) struct Pending {
     touched_covers: usize,
     /// The commit time of the newest record pushed.
     log_time_ms: u64,
+    /// The records' `new_key_bytes` summed: key index room they will take.
+    new_key_bytes: u64,
 }
 
 impl Pending {
@@ -79,6 +83,7 @@ impl Pending {
             touched: IdFilter::with_capacity(TOUCHED_IDS),
             touched_covers: 0,
             log_time_ms: 0,
+            new_key_bytes: 0,
         }
     }
 
@@ -91,9 +96,16 @@ impl Pending {
         self.log_time_ms
     }
 
+    /// Key index bytes the pending records' new keys will take once
+    /// published: a planner counts them against the room the index has.
+    pub(crate) fn new_key_bytes(&self) -> u64 {
+        self.new_key_bytes
+    }
+
     /// Adds a record just written, committed at `committed_ms` and ending
     /// at `lsn_end`; `is_seen_applied` if the writer applied its seen ids
-    /// to the index already.
+    /// to the index already; whose new keys take `new_key_bytes`.
+    #[expect(clippy::too_many_arguments, reason = "one record's facts, named")]
     pub(crate) fn push(
         &mut self,
         body: &[u8],
@@ -102,14 +114,17 @@ impl Pending {
         body_at: u32,
         lsn_end: u64,
         is_seen_applied: bool,
+        new_key_bytes: u64,
     ) {
         self.log_time_ms = self.log_time_ms.max(committed_ms);
+        self.new_key_bytes += new_key_bytes;
         self.records.push_back(Written {
             lsn_end,
             segment,
             body_at,
             body: body.to_vec(),
             is_seen_applied,
+            new_key_bytes,
         });
     }
 
@@ -170,6 +185,7 @@ impl Pending {
         while self.records.front().is_some_and(|r| r.lsn_end <= lsn) {
             let r = self.records.pop_front().expect("front exists");
             apply(index, &r, None);
+            self.new_key_bytes -= r.new_key_bytes;
             published = true;
         }
         if published {
@@ -257,8 +273,8 @@ mod tests {
     fn the_overlay_follows_records_pushed_after_others_were_published() {
         let mut index = Index::new(TTLS);
         let mut pending = Pending::new(TTLS);
-        pending.push(&body("A", "ea", "ka"), 1_000, 1, 100, 10, false);
-        pending.push(&body("B", "eb", "kb"), 1_000, 1, 200, 20, false);
+        pending.push(&body("A", "ea", "ka"), 1_000, 1, 100, 10, false, 0);
+        pending.push(&body("B", "eb", "kb"), 1_000, 1, 200, 20, false, 0);
         let elsewhere = Batch::new("X").put("ex", "kx", 1, "v");
         assert!(
             !overlay_holds(&mut pending, &index, &elsewhere, "kb"),
@@ -275,7 +291,7 @@ mod tests {
             pending.touched.is_empty(),
             "to be rebuilt from B when next asked"
         );
-        pending.push(&body("C", "ec", "kc"), 1_000, 1, 300, 30, false);
+        pending.push(&body("C", "ec", "kc"), 1_000, 1, 300, 30, false, 0);
         for (batch, key) in [
             (Batch::new("Z").put("ez", "kc", 2, "v"), "kc"),
             (Batch::new("Z").put("ec", "kz", 2, "v"), "kc"),

@@ -151,7 +151,21 @@ impl Store {
                 maps: &self.maps,
                 now_ms,
             };
-            (plan(batch, &hashes, &view, options)?, now_ms)
+            let planned = plan(batch, &hashes, &view, options)?;
+            // Refused before it is logged: a record whose keys the index
+            // could not take would fail every replay of it too.
+            let new_key_bytes = planned.new_key_bytes + writer.pending.new_key_bytes();
+            if !index.keys.has_room_for(new_key_bytes) {
+                return Err(invalid_batch(
+                    batch,
+                    format!(
+                        "the key index is full: its new keys need {} bytes of key records, \
+                         past the room kept below 16 GiB",
+                        planned.new_key_bytes
+                    ),
+                ));
+            }
+            (planned, now_ms)
         };
 
         let mut buf = writer.log.begin();
@@ -241,6 +255,7 @@ impl Store {
                     placed.body_at,
                     lsn_end,
                     is_early,
+                    planned.new_key_bytes,
                 );
             }
         }
@@ -311,5 +326,103 @@ impl SyncHooks for Store {
 
     fn sync_failed(&self) {
         self.note_sync_failure();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Options;
+
+    /// A key of 4,096 bytes: its record takes 4,124 bytes of the key index.
+    fn long_key(i: usize) -> String {
+        format!("{i:04}").repeat(1024)
+    }
+
+    /// A batch that puts `keys` (by `long_key` number), as events of its own.
+    fn putting(id: &str, keys: std::ops::Range<usize>) -> Batch {
+        keys.fold(Batch::new(id), |b, i| {
+            b.put(format!("{id}-{i}"), long_key(i), 1, "v")
+        })
+    }
+
+    fn is_full(result: &Result<BatchReport>) -> bool {
+        matches!(result, Err(Error::InvalidBatch { reason, .. })
+            if reason.starts_with("the key index is full"))
+    }
+
+    #[test]
+    fn a_batch_whose_new_keys_the_index_cannot_take_is_refused_before_it_is_logged() {
+        for durability in [Durability::Buffered, Durability::Sync] {
+            let dir = tempfile::tempdir().unwrap();
+            let options = Options::default().durability(durability);
+            let store = Store::open(dir.path(), options.clone()).unwrap();
+            // Three chunks of 256 KiB, of which two may be held (63 such
+            // keys fill one): a batch of new keys is refused once the
+            // second is opened, by the seventh batch.
+            store.index.write().keys.limit_arena_chunks(3);
+            let mut held = 0;
+            let refused = loop {
+                let batch = putting(&format!("B{held}"), held..held + 10);
+                match store.apply_batch(&batch) {
+                    Ok(_) => held += 10,
+                    refused => break refused,
+                }
+                assert!(held <= 80, "{durability:?}: keys past the limit were taken");
+            };
+            assert!(is_full(&refused), "{durability:?}: {refused:?}");
+            assert_eq!(held, 70, "{durability:?}");
+            let records = store.verify().unwrap().records;
+            assert_eq!(
+                store.log().len(),
+                7,
+                "{durability:?}: the refused batch is not held"
+            );
+            // Keys the index holds take no room: updates still commit.
+            let update = Batch::new("update").put("u", long_key(0), 2, "w");
+            assert_eq!(store.apply_batch(&update).unwrap().updated, 1);
+            assert_eq!(store.verify().unwrap().records, records + 1);
+            store.close().unwrap();
+
+            let store = Store::open(dir.path(), options).unwrap();
+            assert_eq!(store.stats().live_keys, 70, "{durability:?}");
+            assert_eq!(&store.get(long_key(0)).unwrap().unwrap().value[..], b"w");
+            assert!(store.get(long_key(70)).unwrap().is_none());
+        }
+    }
+
+    #[cfg(feature = "testing")]
+    #[test]
+    fn the_new_keys_of_batches_waiting_for_their_sync_count_against_the_room() {
+        use std::time::Duration;
+
+        use crate::storage::{FaultyStorage, OpKind};
+
+        let storage = FaultyStorage::new();
+        let options = Options::default()
+            .storage(Arc::new(storage.clone()))
+            .durability(Durability::Sync)
+            // The held sync is A's commit sync.
+            .zero_fill(false);
+        let store = Store::open("/db", options).unwrap();
+        // One chunk of 256 KiB may be held: 40 such keys fit, 80 do not.
+        store.index.write().keys.limit_arena_chunks(2);
+        storage.pause_next(OpKind::SyncData);
+        std::thread::scope(|scope| {
+            let a = scope.spawn(|| store.apply_batch(&putting("A", 0..40)));
+            let held = storage.wait_until_paused(Duration::from_secs(20));
+            // Refused at once; taken, it would wait for the held sync.
+            let b = scope.spawn(|| store.apply_batch(&putting("B", 40..80)));
+            let waited = std::time::Instant::now();
+            while !b.is_finished() && waited.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            storage.resume();
+            assert!(held.is_some(), "A's commit sync was held");
+            let b = b.join().unwrap();
+            assert!(is_full(&b), "B planned while A was pending: {b:?}");
+            assert_eq!(a.join().unwrap().unwrap().inserted, 40);
+        });
+        assert_eq!(store.stats().live_keys, 40);
     }
 }

@@ -144,6 +144,10 @@ impl Geometry {
     }
 }
 
+/// Why a new key was refused: its record would need an address past the
+/// last (`Arena::push`).
+pub(crate) const ARENA_FULL: &str = "key index full: 2^32 addresses, 16 GiB of key records";
+
 /// Records the table rebuild hashes ahead of the one it inserts.
 const REBUILD_AHEAD: usize = 16;
 
@@ -252,19 +256,28 @@ impl KeyIndex {
 
     /// Sets a key's entry.
     #[cfg(test)]
-    pub(crate) fn set(&mut self, key: &[u8], entry: KeyEntry) {
-        self.set_hashed(key, self.hash(key), entry);
+    /// Sets a key's entry, inserting the key if it is new.
+    ///
+    /// # Errors
+    /// `ARENA_FULL` if the key is new and no address is left for its record.
+    pub(crate) fn set(&mut self, key: &[u8], entry: KeyEntry) -> Result<(), &'static str> {
+        self.set_hashed(key, self.hash(key), entry)
     }
 
     /// As `set`, for `key` hashed by this index (`hash`).
-    pub(crate) fn set_hashed(&mut self, key: &[u8], KeyHash(hash): KeyHash, entry: KeyEntry) {
+    pub(crate) fn set_hashed(
+        &mut self,
+        key: &[u8],
+        KeyHash(hash): KeyHash,
+        entry: KeyEntry,
+    ) -> Result<(), &'static str> {
         debug_assert_eq!(hash, hash_key(self.seed, key), "hashed by this index");
         let arena = &self.arena;
         let found = self.table.find(hash, |a| key_eq(arena.key(a), key));
         let was_live = match found {
             Some(a) => self.arena.set_entry(a, entry),
             None => {
-                self.insert(hash, key, entry);
+                self.insert(hash, key, entry)?;
                 false
             }
         };
@@ -273,18 +286,36 @@ impl KeyIndex {
             (true, false) => self.live -= 1,
             _ => {}
         }
+        Ok(())
     }
 
-    fn insert(&mut self, hash: u64, key: &[u8], entry: KeyEntry) {
+    /// Whether new keys whose records take `bytes` (`record_bytes` of each)
+    /// surely fit, with room to spare for the same keys packed in another
+    /// order (`Arena::has_room_for`). The planner asks before a batch is
+    /// written, so that a record the index cannot take is never logged.
+    pub(crate) fn has_room_for(&self, bytes: u64) -> bool {
+        self.arena.has_room_for(bytes)
+    }
+
+    /// Bytes of arena a new key of `key_len` bytes takes.
+    pub(crate) fn record_bytes(key_len: usize) -> u64 {
+        arena::record_bytes(key_len) as u64
+    }
+
+    fn insert(&mut self, hash: u64, key: &[u8], entry: KeyEntry) -> Result<(), &'static str> {
         assert!(
             key.len() <= ID_BYTES_MAX,
             "key of {} bytes exceeds {ID_BYTES_MAX}",
             key.len()
         );
+        // Grown before the push: the rebuild reads every record in the arena.
         if self.table.len() == self.table.capacity() {
             self.rebuild_table(self.table.capacity() + 1);
         }
-        let a = self.arena.push(&encode_header(entry, key.len()), key);
+        let a = self
+            .arena
+            .push(&encode_header(entry, key.len()), key)
+            .ok_or(ARENA_FULL)?;
         self.table.insert_unique(hash, a);
         let arena = &self.arena;
         // Keys that come in order (loading a snapshot or base segment, or a
@@ -298,7 +329,7 @@ impl KeyIndex {
                 self.run.reserve_exact(self.run.len() / 8 + 64);
             }
             self.run.push(a);
-            return;
+            return Ok(());
         }
         let at = self.tail.partition_point(|&b| key_less(arena.key(b), key));
         self.tail.insert(at, a);
@@ -308,6 +339,7 @@ impl KeyIndex {
                 self.merge_mid();
             }
         }
+        Ok(())
     }
 
     /// Appends a record while loading a state file, whose keys come sorted
@@ -325,7 +357,10 @@ impl KeyIndex {
         if self.run.len() == self.run.capacity() {
             self.run.reserve_exact(self.run.len() / 8 + 64);
         }
-        let a = self.arena.push(&encode_header(entry, key.len()), key);
+        let a = self
+            .arena
+            .push(&encode_header(entry, key.len()), key)
+            .ok_or(ARENA_FULL)?;
         self.run.push(a);
         self.live += u64::from(entry.value().is_some());
         Ok(())
@@ -415,7 +450,12 @@ impl KeyIndex {
         let mut new_arena = arena.empty_like();
         let mut run = Vec::with_capacity(kept);
         for record in self.records_with(b"").filter(|&r| !is_dropped(r)) {
-            run.push(new_arena.push_copy(record));
+            // Fewer records than the old arena held, which batches kept
+            // clear of its limit by `has_room_for`'s reserve.
+            let a = new_arena
+                .push_copy(record)
+                .expect("the kept records fit in a new arena");
+            run.push(a);
         }
         assert_eq!(run.len(), kept, "a rebuilt arena holds every kept record");
         self.arena = new_arena;
@@ -480,6 +520,13 @@ impl KeyIndex {
         self.mid.clear();
     }
 
+    /// Lowers the arena chunks the index may hold (tests: the real limit
+    /// is 16 GiB of key records).
+    #[cfg(test)]
+    pub(crate) fn limit_arena_chunks(&mut self, chunks_max: usize) {
+        self.arena.limit_chunks(chunks_max);
+    }
+
     /// Checks the invariants in the module doc (O(n log n): tests only).
     #[cfg(test)]
     pub(crate) fn check_invariants(&self) {
@@ -538,6 +585,99 @@ mod tests {
         mid_min: 3,
     };
 
+    #[test]
+    fn a_new_key_past_the_arena_s_last_address_is_refused_and_the_index_stays_whole() {
+        let mut index = KeyIndex::with_geometry(TINY);
+        index.limit_arena_chunks(3);
+        // Records of 1,052 bytes: 7 fill a chunk of 8 KiB, 21 the three.
+        let key = |i: u64| format!("{i:04}").repeat(256).into_bytes();
+        let mut held = 0;
+        let refusal = loop {
+            match index.set(&key(held), live(held, 1)) {
+                Ok(()) => held += 1,
+                Err(reason) => break reason,
+            }
+            assert!(held <= 21, "keys past the limit were taken");
+        };
+        assert_eq!((held, refusal), (21, ARENA_FULL));
+        assert_eq!(index.get(&key(held)), None, "the refused key is not held");
+        index
+            .set(&key(0), live(99, 2))
+            .expect("a known key needs no room");
+        assert_eq!(index.get(&key(0)), Some(live(99, 2)));
+        assert_eq!(
+            keys_of(index.range_prefix(b"")),
+            (0..held).map(key).collect::<Vec<_>>()
+        );
+        index.check_invariants();
+        let mut loading = KeyIndex::with_geometry(TINY);
+        loading.limit_arena_chunks(1);
+        let loaded = (0..8).map(|i| loading.bulk_push(&key(i), live(i, 1)));
+        assert_eq!(
+            loaded.collect::<Vec<_>>(),
+            [vec![Ok(()); 7], vec![Err(ARENA_FULL)]].concat(),
+            "a state file's keys past the limit"
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+
+        /// Whatever `has_room_for` let in fits again when packed in another
+        /// order (as a replay after a snapshot or a purge's rebuild packs
+        /// it), and it lets in all it promises to.
+        #[test]
+        fn what_has_room_fits_in_any_order_and_the_room_is_used(
+            lens in prop::collection::vec(prop_oneof![Just(ID_BYTES_MAX), 1..=ID_BYTES_MAX], 1..64),
+            per_check in 1..4usize,
+        ) {
+            // Chunks of 8 KiB, which records of up to 4,124 bytes may fill
+            // only by half.
+            const CHUNKS_MAX: usize = 40;
+            let mut index = KeyIndex::with_geometry(TINY);
+            index.limit_arena_chunks(CHUNKS_MAX);
+            let key = |i: usize, len: usize| {
+                let mut k = format!("{i:08}").into_bytes();
+                k.resize(len.max(8), b'k');
+                k
+            };
+            let mut keys = Vec::new();
+            'fill: for round in 0.. {
+                let batch: Vec<Vec<u8>> = (0..per_check)
+                    .map(|j| keys.len() + j)
+                    .map(|i| key(i, lens[(i + round) % lens.len()]))
+                    .collect();
+                let bytes = batch.iter().map(|k| KeyIndex::record_bytes(k.len())).sum();
+                if !index.has_room_for(bytes) {
+                    break 'fill;
+                }
+                for k in batch {
+                    index.set(&k, live(1, 1)).expect("what has room fits");
+                    keys.push(k);
+                }
+            }
+            // Refused only once the chunks held, plus at most 4 for the
+            // refused keys, could come to half the limit in another order.
+            let used = index.arena.chunks_used();
+            prop_assert!(used + 4 >= CHUNKS_MAX / 2, "{used} chunks used");
+            let mut reversed = keys.clone();
+            reversed.reverse();
+            let mut shuffled = keys.clone();
+            shuffled.sort_by_key(|k| xxh3_64(k));
+            // The longest first: each takes a chunk that a shorter one
+            // shared with it before.
+            let mut longest_first = keys.clone();
+            longest_first.sort_by_key(|k| std::cmp::Reverse(k.len()));
+            for order in [reversed, shuffled, longest_first] {
+                let mut again = KeyIndex::with_geometry(TINY);
+                again.limit_arena_chunks(CHUNKS_MAX);
+                for k in &order {
+                    prop_assert!(again.set(k, live(1, 1)).is_ok(), "repacked");
+                }
+            }
+        }
+    }
+
     fn live(seq: u64, segment: u32) -> KeyEntry {
         KeyEntry {
             seq,
@@ -567,7 +707,7 @@ mod tests {
         let n = 2_000u64;
         for i in 0..n {
             let key = format!("k{:016x}", xxh3_64(&i.to_le_bytes()));
-            index.set(key.as_bytes(), live(i, 1));
+            index.set(key.as_bytes(), live(i, 1)).unwrap();
         }
         index.check_invariants();
         let keys = keys_of(index.range_prefix(b""));
@@ -603,8 +743,8 @@ mod tests {
         assert_eq!(index.live_count() + index.tombstone_count(), n);
         assert_eq!(index.get(b"k000004"), Some(live(4, 1)));
         assert_eq!(index.get(b"k000003"), Some(deleted(3, 7)));
-        index.set(b"k000004", live(40, 2));
-        index.set(b"new", live(1, 1));
+        index.set(b"k000004", live(40, 2)).unwrap();
+        index.set(b"new", live(1, 1)).unwrap();
         index.check_invariants();
         assert_eq!(index.get(b"k000004"), Some(live(40, 2)));
         assert_eq!(
@@ -621,16 +761,16 @@ mod tests {
             ..TINY
         });
         for key in ["b", "ab", "a", "abc", "b\0", "a\u{ff}", ""] {
-            index.set(key.as_bytes(), live(1, 1));
+            index.set(key.as_bytes(), live(1, 1)).unwrap();
         }
         index.merge_tail();
         index.merge_mid();
         for key in ["aa", "ba", "abb"] {
-            index.set(key.as_bytes(), deleted(2, 5));
+            index.set(key.as_bytes(), deleted(2, 5)).unwrap();
         }
         index.merge_tail();
         for key in ["abd", "a\0", "bb"] {
-            index.set(key.as_bytes(), live(3, 1));
+            index.set(key.as_bytes(), live(3, 1)).unwrap();
         }
         assert_eq!(
             (index.run.len(), index.mid.len(), index.tail.len()),
@@ -660,7 +800,7 @@ mod tests {
             } else {
                 live(u64::from(i), i)
             };
-            index.set(key.as_bytes(), entry);
+            index.set(key.as_bytes(), entry).unwrap();
         }
         // Tombstones at second 0 expire at 1 000 ms with a 1 000 ms TTL;
         // those at second 1 do not yet.
@@ -670,7 +810,7 @@ mod tests {
         assert_eq!(index.get(b"key000"), None);
         assert_eq!(index.get(b"key003"), Some(deleted(3, 1)));
         assert_eq!(index.get(b"key499"), Some(live(499, 499)));
-        index.set(b"key000", live(7, 7));
+        index.set(b"key000", live(7, 7)).unwrap();
         index.check_invariants();
         assert_eq!(index.get(b"key000"), Some(live(7, 7)));
         assert_eq!(index.live_count(), 334);
@@ -795,7 +935,7 @@ mod tests {
             let mut pushed: Vec<(Vec<u8>, u32)> = keys
                 .iter()
                 .rev()
-                .map(|k| (k.clone(), arena.push(&encode_header(live(1, 1), k.len()), k)))
+                .map(|k| (k.clone(), arena.push(&encode_header(live(1, 1), k.len()), k).unwrap()))
                 .collect();
             pushed.sort();
             let (mut sorted, mut fresh) = (Vec::new(), Vec::new());
@@ -835,7 +975,7 @@ mod tests {
             for step in steps {
                 match step {
                     Step::Set(key, entry) => {
-                        index.set(&key, entry);
+                        index.set(&key, entry).unwrap();
                         model.insert(key, entry);
                     }
                     Step::Purge { ttl_ms, now_ms } => {
@@ -911,7 +1051,7 @@ mod tests {
         keys.sort();
         keys.dedup();
         for (i, key) in keys.iter().enumerate() {
-            index.set(key, live(i as u64, 1));
+            index.set(key, live(i as u64, 1)).unwrap();
             if i >= 50_000 && i % 5_003 == 0 {
                 assert_within_budget(&index, &format!("at {i} in order"));
             }
@@ -928,7 +1068,7 @@ mod tests {
         let n = 200_000u64;
         let mut worst: f64 = 0.0;
         for i in 0..n {
-            index.set(&random_key(i), live(i, 1));
+            index.set(&random_key(i), live(i, 1)).unwrap();
             // Below about 50 000 keys the partly used chunks weigh more.
             if i >= 50_000 && i % 5_003 == 0 {
                 worst = worst.max(assert_within_budget(&index, &format!("at {i}")));
@@ -937,18 +1077,18 @@ mod tests {
         let full = assert_within_budget(&index, "after inserts");
         for i in 0..n {
             let j = xxh3_64(&(i + n).to_le_bytes()) % n;
-            index.set(&random_key(j), live(i, 2));
+            index.set(&random_key(j), live(i, 2)).unwrap();
         }
         let updated = assert_within_budget(&index, "after updates");
         for i in 0..n * 3 / 4 {
-            index.set(&random_key(i), deleted(i, 1));
+            index.set(&random_key(i), deleted(i, 1)).unwrap();
         }
         let deleted_share = assert_within_budget(&index, "after deletes");
         index.purge_tombstones(Some(1_000), 2_000);
         assert_eq!(index.tombstone_count(), 0);
         let purged = assert_within_budget(&index, "after purge");
         for i in n..n + 50_000 {
-            index.set(&random_key(i), live(i, 3));
+            index.set(&random_key(i), live(i, 3)).unwrap();
         }
         let refilled = assert_within_budget(&index, "after refill");
         println!(
