@@ -1952,3 +1952,56 @@ fn a_path_that_is_not_utf8_needs_a_source_name_of_its_own() {
     }
     assert_eq!(scan(&store).len(), 40);
 }
+
+#[test]
+fn a_source_name_too_long_for_its_batch_ids_is_refused_before_anything_is_committed() {
+    let dir = tempdir();
+    let store = dir.path().join("store");
+    let lines = lines_with(&[]);
+    // A default source is the file's path: nested so that it comes to 4,038
+    // bytes, one more than a batch id leaves room for beside its offsets.
+    let mut deep = std::fs::canonicalize(dir.path()).unwrap();
+    let file_name = |deep: &Path| {
+        let left = 4038 - deep.as_os_str().len() - 1;
+        "f".repeat(left)
+    };
+    while file_name(&deep).len() > 200 {
+        deep.push("d".repeat(200));
+    }
+    std::fs::create_dir_all(&deep).unwrap();
+    let file = deep.join(file_name(&deep));
+    assert_eq!(file.as_os_str().len(), 4038);
+    write_lines(&file, &lines[..10]);
+    for (source, refused) in [(None, "4038 bytes"), (Some("s".repeat(4038)), "4038 bytes")] {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["ingest", "--store", s(&store), "--json"]);
+        if let Some(source) = &source {
+            cmd.args(["--source", source]);
+        }
+        let out = cmd.arg(&file).output().expect("run ingest");
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+        let stderr = text(&out.stderr);
+        assert!(
+            stderr.contains(refused) && stderr.contains("--source"),
+            "{stderr}"
+        );
+        assert!(!store.exists(), "nothing created for a refused run");
+    }
+    // One byte shorter fits every batch id the run could make.
+    let out = Command::new(BIN)
+        .args([
+            "ingest",
+            "--store",
+            s(&store),
+            "--json",
+            "--batch-size",
+            "3",
+        ])
+        .args(["--source", &"s".repeat(4037)])
+        .arg(&file)
+        .output()
+        .expect("run ingest");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report: Value = serde_json::from_str(text(&out.stdout).trim()).expect("json");
+    assert_eq!(report["inserted"].as_u64(), Some(10), "{report}");
+}

@@ -14,7 +14,9 @@ use serde_json::Value;
 
 use crate::cli::args::{Cli, Command, DurabilityArg, IngestArgs, MappingArgs, OnInvalid};
 use crate::cli::canonical::string_literal;
-use crate::cli::ingest::{BATCH_BYTES_MAX, Follow, IngestOptions, IngestSummary, Input, ingest};
+use crate::cli::ingest::{
+    BATCH_BYTES_MAX, Follow, IngestOptions, IngestSummary, Input, check_source, ingest,
+};
 use crate::cli::ndjson::FieldMapping;
 use crate::cli::render::{counts_object, counts_text, json_line};
 use crate::cli::{UsageError, demo, inspect, maintain};
@@ -203,6 +205,7 @@ fn ingest_command(args: IngestArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         Some(source) => source,
         None => input.default_source()?,
     };
+    check_source(&source)?;
     let options = Options::default()
         .durability(match args.durability {
             DurabilityArg::Sync => Durability::Sync,

@@ -88,6 +88,31 @@ impl Input {
     }
 }
 
+/// The longest batch id a store takes (SPEC: ids of 1 to 4096 bytes).
+const BATCH_ID_BYTES_MAX: usize = 4096;
+/// What `BatchLines::take_batch` adds to the source to make a batch id, at
+/// most: `:`, two byte offsets of up to 20 digits around `-`, and for a
+/// stream `:` and 16 hex digits.
+const BATCH_ID_SUFFIX_BYTES_MAX: usize = 1 + 20 + 1 + 20 + 1 + 16;
+
+/// Checks a source name before anything is opened: every batch id is made
+/// from it, so one too long for them would fail the run partway, once the
+/// offsets grew long enough, rather than at its start.
+///
+/// # Errors
+/// A name longer than 4037 bytes (the command line refuses an empty one).
+pub(crate) fn check_source(source: &str) -> Result<(), UsageError> {
+    let longest = BATCH_ID_BYTES_MAX - BATCH_ID_SUFFIX_BYTES_MAX;
+    if source.len() > longest {
+        return Err(UsageError(format!(
+            "the source name is {} bytes, longer than the {longest} that leave room for a batch id's \
+             offsets within its {BATCH_ID_BYTES_MAX} bytes: give a shorter one with --source",
+            source.len()
+        )));
+    }
+    Ok(())
+}
+
 /// Keep reading a growing file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Follow {
