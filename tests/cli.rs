@@ -1864,6 +1864,48 @@ fn crlf_blank_and_non_utf8_lines_resume_batch_by_batch_as_one_run() {
     assert!(stderr.contains("nothing of batch"), "{stderr}");
 }
 
+#[test]
+fn a_run_stopped_by_max_batches_says_so_rather_than_nothing_new() {
+    let dir = tempdir();
+    let store = dir.path().join("store");
+    let file = dir.path().join("in.ndjson");
+    write_lines(&file, &lines_with(&[])[..10]);
+    let stopped = |report: &Value| report["stopped_at_max_batches"].as_bool();
+
+    let none = ingest_json(&store, &file, &["--max-batches", "0"]);
+    assert_eq!(
+        (none["batches"].as_u64(), stopped(&none)),
+        (Some(0), Some(true))
+    );
+    let text_run = |extra: &[&str]| {
+        let mut args = vec!["ingest", "--store", s(&store)];
+        args.extend_from_slice(extra);
+        args.push(s(&file));
+        ok(&args)
+    };
+    for max in ["0", "1"] {
+        let out = text_run(&["--batch-size", "3", "--max-batches", max]);
+        assert!(
+            out.contains(&format!(
+                "note: stopped after {max} batches (--max-batches)"
+            )),
+            "{out}"
+        );
+        assert!(!out.contains("nothing new"), "{out}");
+    }
+    let rest = ingest_json(&store, &file, &["--batch-size", "3"]);
+    assert_eq!(
+        (rest["batches"].as_u64(), stopped(&rest)),
+        (Some(3), Some(false))
+    );
+    let out = text_run(&[]);
+    assert!(
+        out.contains("note: nothing new after the checkpoint"),
+        "{out}"
+    );
+    assert!(!out.contains("stopped after"), "{out}");
+}
+
 /// A line is refused as too long only when its bytes before the newline
 /// exceed `LINE_BYTES_MAX`; the message never states a length within the
 /// limit ("line of 4194304 bytes, longer than 4194304").

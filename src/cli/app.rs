@@ -267,7 +267,7 @@ fn progress_bar(input: &Input) -> ProgressBar {
 }
 
 /// The `--json` report: the eight counts, `batches`, `replayed`, `checkpoint`,
-/// plus `lines` and `source`.
+/// plus `lines`, `source`, `pending_bytes` and `stopped_at_max_batches`.
 pub fn summary_json(summary: &IngestSummary) -> String {
     let mut object = counts_object(&summary.totals);
     object.insert("batches".to_owned(), summary.batches.into());
@@ -276,6 +276,10 @@ pub fn summary_json(summary: &IngestSummary) -> String {
     object.insert("lines".to_owned(), summary.lines.into());
     object.insert("source".to_owned(), summary.source.clone().into());
     object.insert("pending_bytes".to_owned(), summary.pending_bytes.into());
+    object.insert(
+        "stopped_at_max_batches".to_owned(),
+        summary.stopped_at_max_batches.into(),
+    );
     json_line(&Value::Object(object))
 }
 
@@ -292,7 +296,13 @@ fn write_summary(summary: &IngestSummary, store: &Path, out: &mut dyn Write) -> 
     )?;
     writeln!(out, "{}", counts_text(&summary.totals))?;
     writeln!(out, "checkpoint {}", summary.checkpoint)?;
-    if summary.batches == 0 && summary.is_resumable {
+    if summary.stopped_at_max_batches {
+        writeln!(
+            out,
+            "note: stopped after {} batches (--max-batches); the next run continues from the checkpoint",
+            summary.batches
+        )?;
+    } else if summary.batches == 0 && summary.is_resumable {
         writeln!(out, "note: nothing new after the checkpoint")?;
     }
     if summary.replayed > 0 {

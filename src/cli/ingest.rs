@@ -164,8 +164,11 @@ pub struct IngestSummary {
     /// last complete line committed, or, when this run's batches were
     /// replays (`--from-start`), where an earlier run left it.
     pub checkpoint: u64,
-    /// Bytes after the last complete line, waiting for their newline.
+    /// Bytes after the last complete line, waiting for their newline (0
+    /// when the run stopped at `max_batches`, before reading further).
     pub pending_bytes: u64,
+    /// The run stopped at `max_batches`, whether or not lines were left.
+    pub stopped_at_max_batches: bool,
     /// Whether the input can be resumed from its checkpoint (a regular file).
     pub is_resumable: bool,
 }
@@ -257,6 +260,7 @@ pub fn ingest(
             .max_batches
             .is_some_and(|max| run.summary.batches >= max)
         {
+            run.summary.stopped_at_max_batches = true;
             break;
         }
         let read = line
