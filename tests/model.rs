@@ -394,9 +394,9 @@ fn step() -> impl Strategy<Value = Step> {
 
 // ---------------------------------------------------------------- the runner
 
-fn options(policy: OnConflict) -> Options {
+fn options(policy: OnConflict, durability: Durability) -> Options {
     Options::default()
-        .durability(Durability::Buffered)
+        .durability(durability)
         .on_conflict(policy)
         .value_bytes_max(VALUE_BYTES_MAX)
 }
@@ -658,9 +658,10 @@ impl Runner {
     }
 }
 
-fn run(policy: OnConflict, steps: Vec<Step>) {
+fn run(policy: OnConflict, durability: Durability, steps: Vec<Step>) {
     let dir = tempfile::tempdir().unwrap();
-    let mut store = open(dir.path(), options(policy));
+    let options_of_run = || options(policy, durability);
+    let mut store = open(dir.path(), options_of_run());
     let empty = store.digest().expect("digest");
     let mut runner = Runner {
         policy,
@@ -678,7 +679,7 @@ fn run(policy: OnConflict, steps: Vec<Step>) {
         match step {
             Step::Reopen => {
                 drop(store);
-                store = open(dir.path(), options(policy));
+                store = open(dir.path(), options_of_run());
                 runner.check(&store, &format!("step {n}: reopen"));
             }
             Step::Snapshot | Step::Compact => {
@@ -689,7 +690,7 @@ fn run(policy: OnConflict, steps: Vec<Step>) {
                 }
                 runner.check(&store, &what);
                 drop(store);
-                store = open(dir.path(), options(policy));
+                store = open(dir.path(), options_of_run());
                 if matches!(step, Step::Snapshot) {
                     assert!(store.stats().opened_from_snapshot, "{what}: loaded");
                 }
@@ -727,7 +728,7 @@ fn run(policy: OnConflict, steps: Vec<Step>) {
     let other_dir = tempfile::tempdir().unwrap();
     let other = open(
         other_dir.path(),
-        options(OnConflict::Fail).value_bytes_max(1 << 10),
+        options(OnConflict::Fail, Durability::Buffered).value_bytes_max(1 << 10),
     );
     let mut batch = Batch::new("direct");
     for (i, (key, (seq, value))) in state.0.iter().enumerate() {
@@ -757,12 +758,28 @@ proptest! {
 
     #[test]
     fn store_agrees_with_model_under_fail(steps in prop::collection::vec(step(), 1..32)) {
-        run(OnConflict::Fail, steps);
+        run(OnConflict::Fail, Durability::Buffered, steps);
     }
 
     #[test]
     fn store_agrees_with_model_under_quarantine(steps in prop::collection::vec(step(), 1..32)) {
-        run(OnConflict::Quarantine, steps);
+        run(OnConflict::Quarantine, Durability::Buffered, steps);
+    }
+}
+
+proptest! {
+    // Fewer: each batch waits for an fsync. Under `Sync` a batch goes
+    // through the pending overlay and is published by the syncer, and
+    // snapshots and compactions sync and publish first.
+    #![proptest_config(config(48))]
+
+    #[test]
+    fn store_agrees_with_model_under_sync(
+        is_fail in any::<bool>(),
+        steps in prop::collection::vec(step(), 1..32),
+    ) {
+        let policy = if is_fail { OnConflict::Fail } else { OnConflict::Quarantine };
+        run(policy, Durability::Sync, steps);
     }
 }
 
