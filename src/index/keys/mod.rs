@@ -254,12 +254,11 @@ impl KeyIndex {
             .map(|a| arena.entry(a))
     }
 
-    /// Sets a key's entry.
-    #[cfg(test)]
     /// Sets a key's entry, inserting the key if it is new.
     ///
     /// # Errors
     /// `ARENA_FULL` if the key is new and no address is left for its record.
+    #[cfg(test)]
     pub(crate) fn set(&mut self, key: &[u8], entry: KeyEntry) -> Result<(), &'static str> {
         self.set_hashed(key, self.hash(key), entry)
     }
@@ -450,8 +449,8 @@ impl KeyIndex {
         let mut new_arena = arena.empty_like();
         let mut run = Vec::with_capacity(kept);
         for record in self.records_with(b"").filter(|&r| !is_dropped(r)) {
-            // Fewer records than the old arena held, which batches kept
-            // clear of its limit by `has_room_for`'s reserve.
+            // Fewer records than the old arena held, in another order, for
+            // which `has_room_for` left room.
             let a = new_arena
                 .push_copy(record)
                 .expect("the kept records fit in a new arena");
@@ -625,7 +624,7 @@ mod tests {
 
         /// Whatever `has_room_for` let in fits again when packed in another
         /// order (as a replay after a snapshot or a purge's rebuild packs
-        /// it), and it lets in all it promises to.
+        /// it), and it refuses only near the limit that requires.
         #[test]
         fn what_has_room_fits_in_any_order_and_the_room_is_used(
             lens in prop::collection::vec(prop_oneof![Just(ID_BYTES_MAX), 1..=ID_BYTES_MAX], 1..64),
