@@ -1831,6 +1831,42 @@ fn a_store_directory_whose_parents_sync_failed_is_made_durable_by_the_next_open(
     );
 }
 
+/// A process that dies at any step of creating a store directory, before
+/// the note that asks for its parents' syncs exists, leaves a directory
+/// the next open finds: that open must still sync the parents the first
+/// did not, or a power loss could take the directory, and the batches
+/// acknowledged in it, away. (The fault model keeps directories durable
+/// from their creation, so the syncs themselves are what is checked.)
+#[test]
+fn a_crash_at_any_step_of_creating_a_store_directory_leaves_one_the_next_open_makes_durable() {
+    let nested = PathBuf::from("/parent/db");
+    let synced = |ops: &[idemkv::storage::OpRecord], parent: &str| {
+        ops.iter()
+            .any(|o| o.kind == OpKind::SyncDir && !o.failed && o.path == Path::new(parent))
+    };
+    let probe = FaultyStorage::new();
+    drop(Store::open(&nested, options(&probe)).expect("open"));
+    for at in 0..probe.op_count() {
+        let disk = FaultyStorage::new();
+        disk.crash_at(at);
+        let _ = Store::open(&nested, options(&disk));
+        let first = disk.ops();
+        let image = disk.crash_image(CrashPolicy::ProcessCrash);
+        let store = Store::open(&nested, options(&image))
+            .unwrap_or_else(|e| panic!("crash at op {at}, then an open: {e}"));
+        store
+            .apply_batch(&workload()[0])
+            .expect("an acknowledged batch");
+        let second = image.ops();
+        for parent in ["/parent", "/"] {
+            assert!(
+                synced(&first, parent) || synced(&second, parent),
+                "crash at op {at}: a batch was acknowledged, and the entry in {parent} never synced"
+            );
+        }
+    }
+}
+
 /// The open after a failed commit sync rewrites the newest segment into a
 /// file of its own (DESIGN, "Poisoning and failed syncs"); a crash at any
 /// step of that open, then a power loss, keeps every batch acknowledged

@@ -40,7 +40,9 @@ use crate::format::segment::{FileKind, SEGMENT_HEADER_LEN};
 use crate::index::Index;
 use crate::index::expiry::Ttls;
 use crate::index::keys::{KeyEntry, KeyHash};
-use crate::log::names::{LOCK_FILE, PARENTS_UNSYNCED_FILE, segment_file_name};
+use crate::log::names::{
+    LOCK_FILE, PARENTS_UNSYNCED_FILE, parse_segment_file_name, segment_file_name,
+};
 use crate::log::segments::{SegmentMaps, ValueRef};
 use crate::log::writer::{LogWriter, create_segment, new_segment_len};
 use crate::options::Options;
@@ -172,7 +174,10 @@ fn create_and_lock_dir(storage: &dyn Storage, dir: &Path) -> Result<Box<dyn Any 
 /// Syncs the parents of the directories an open created, as its note in
 /// `dir` says (all of `dir`'s ancestors if it cannot be read as a count),
 /// then removes the note (unsynced: a later open finding it again only
-/// syncs again). Caller holds the lock.
+/// syncs again). Without a note, a directory that holds no segment yet
+/// may be one whose creator died before writing the note: all of its
+/// ancestors are synced, as a new store's open does once. Caller holds
+/// the lock.
 fn sync_created_parents(storage: &dyn Storage, dir: &Path) -> Result<()> {
     let note = dir.join(PARENTS_UNSYNCED_FILE);
     let levels = match storage.open(&note, OpenMode::Read) {
@@ -187,9 +192,25 @@ fn sync_created_parents(storage: &dyn Storage, dir: &Path) -> Result<()> {
                 .and_then(|t| t.parse().ok())
                 .unwrap_or(usize::MAX)
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let names = storage
+                .list_dir(dir)
+                .map_err(|e| Error::io("list", dir, e))?;
+            if names.iter().any(|n| parse_segment_file_name(n).is_some()) {
+                return Ok(());
+            }
+            return sync_parents(storage, dir, usize::MAX);
+        }
         Err(e) => return Err(Error::io("open", &note, e)),
     };
+    sync_parents(storage, dir, levels)?;
+    storage
+        .remove_file(&note)
+        .map_err(|e| Error::io("remove", &note, e))
+}
+
+/// Syncs the parent directory of `dir` and of its ancestors, `levels` of them in all.
+fn sync_parents(storage: &dyn Storage, dir: &Path, levels: usize) -> Result<()> {
     let created = dir.ancestors().take_while(|d| !d.as_os_str().is_empty());
     for d in created.take(levels) {
         let parent = match d.parent() {
@@ -201,9 +222,7 @@ fn sync_created_parents(storage: &dyn Storage, dir: &Path) -> Result<()> {
             .sync_dir(parent)
             .map_err(|e| Error::io("sync directory", parent, e))?;
     }
-    storage
-        .remove_file(&note)
-        .map_err(|e| Error::io("remove", &note, e))
+    Ok(())
 }
 
 /// Locks the existing store directory `dir`: verify and repair of a path
