@@ -214,3 +214,39 @@ fn a_batch_during_a_compaction_leaves_the_live_store_as_a_reopen_finds_it() {
     let reopened = Store::open(&dir, options()).unwrap();
     assert_eq!(listed(&reopened), live);
 }
+
+/// The base is durable under its name before any segment it replaces is
+/// removed (DESIGN.md, "Compaction": rename, sync directory, then delete):
+/// a disk that kept the removals of a later directory sync but not the
+/// rename would hold neither the old segments nor the base. The in-memory
+/// disk makes a directory's entries durable all at once, so no crash image
+/// shows that; the operations' order does.
+#[test]
+fn a_compaction_syncs_the_directory_between_its_rename_and_the_first_removal() {
+    let dir = PathBuf::from("/db");
+    let storage = FaultyStorage::new();
+    let store = Store::open(&dir, options(&storage).segment_bytes_max(16 * 1024)).unwrap();
+    fill(&store);
+    let first_op = storage.ops().len();
+    let report = store.compact().unwrap();
+    assert!(report.segments_replaced > 1, "{report:?}");
+    let ops = &storage.ops()[first_op..];
+    let rename = ops
+        .iter()
+        .position(|o| o.kind == OpKind::Rename && o.path.to_string_lossy().ends_with(".tmp"))
+        .expect("the base is renamed into place");
+    let removal = ops
+        .iter()
+        .position(|o| o.kind == OpKind::Remove && o.path.to_string_lossy().ends_with(".seg"))
+        .expect("a replaced segment is removed");
+    assert!(
+        ops[rename..removal]
+            .iter()
+            .any(|o| o.kind == OpKind::SyncDir && o.path == dir),
+        "a directory sync after the base's rename and before the first removal: {:?}",
+        ops[rename..=removal]
+            .iter()
+            .map(|o| o.kind)
+            .collect::<Vec<_>>()
+    );
+}
