@@ -602,6 +602,61 @@ fn a_pending_delta_counts_in_the_published_window_it_joins() {
     assert_eq!(value, 11);
 }
 
+/// Two `Add`s on one key waiting for their syncs: the second one's window
+/// carries on from the mark the first left in the pending effects, not from
+/// the published one. B0 opens the published window at 0 s; B1's `Add` (seq
+/// 10, at 1.2 s) finds it expired and opens a window; B2's (seq 20, at
+/// 2.5 s) finds that one expired too, so seq 10 is in the floor. At 3.2 s
+/// B1's id (stamped 2 s) has expired, and its redelivery must be `too_late`:
+/// had B2 started from the published mark, its window would have opened at
+/// 2.5 s over a floor of 1, and the delta would apply twice.
+#[cfg(feature = "testing")]
+#[test]
+fn a_delta_redelivered_while_two_adds_on_its_key_wait_for_their_syncs_is_not_applied_again() {
+    use idemkv::storage::OpKind;
+
+    let (storage, clock, store) = sync_store_with_a_one_second_seen_ttl();
+    store
+        .apply_batch(&Batch::new("B0").add("e0", "ctr", 1, 1))
+        .unwrap();
+    let first = Batch::new("B1").add("ea", "ctr", 10, 10);
+    let second = Batch::new("B2").add("eb", "ctr", 20, 100);
+    let again = Batch::new("B3").add("ea", "ctr", 10, 10);
+    let timeout = Duration::from_secs(20);
+    let writes = |at_least: usize| {
+        let deadline = std::time::Instant::now() + timeout;
+        while storage.op_count_of(OpKind::Write) < at_least {
+            assert!(std::time::Instant::now() < deadline, "the writes happen");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    let reports = std::thread::scope(|scope| {
+        clock.advance(Duration::from_millis(1_200));
+        storage.pause_next(OpKind::SyncData);
+        let a = scope.spawn(|| store.apply_batch(&first));
+        storage
+            .wait_until_paused(timeout)
+            .expect("B1's sync starts");
+        let written = storage.op_count_of(OpKind::Write);
+        clock.advance(Duration::from_millis(1_300));
+        let b = scope.spawn(|| store.apply_batch(&second));
+        writes(written + 1);
+        clock.advance(Duration::from_millis(700));
+        let c = scope.spawn(|| store.apply_batch(&again));
+        writes(written + 2);
+        storage.resume();
+        [a, b, c].map(|h| h.join().unwrap().unwrap())
+    });
+    assert_eq!((reports[0].added, reports[1].added), (1, 1), "{reports:?}");
+    assert_eq!(
+        (reports[2].added, reports[2].rejected),
+        (0, 1),
+        "its id expired and its seq is below the floor: {:?}",
+        reports[2]
+    );
+    assert_eq!(counter(&store, "ctr"), 111);
+}
+
 /// Compaction lets go of batch ids expired at the log's time: the same id
 /// sent again is planned afresh and registered anew, as if never seen, and
 /// is a replay from then on. (The dropped id is longer than the one left,

@@ -82,4 +82,17 @@ mod tests {
         // An id stamped at 1,000 ms with a 0.6 ms TTL counts in its own ms.
         assert!(!is_expired(1_000, ms(Duration::from_micros(600)), 1_000));
     }
+
+    #[test]
+    fn a_ttl_too_long_to_add_to_a_stamp_never_ends_before_it() {
+        // `Duration::MAX` is a way to say "never": its end lies past every
+        // time a commit can have, not wrapped round to before the stamp.
+        let ttl_ms = Ttls::new(Some(Duration::MAX), None, None).seen_ms;
+        assert!(!is_expired(1_500, ttl_ms, COMMIT_MS_MAX));
+        assert!(!is_expired(
+            COMMIT_MS_MAX,
+            Some(u64::MAX - 1),
+            COMMIT_MS_MAX
+        ));
+    }
 }
