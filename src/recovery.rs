@@ -286,9 +286,15 @@ fn walk(
                     from = file_len;
                     Ok(file_len)
                 }
-                Some((s, offset)) if o.id == s && !ends_a_record(&o.map, o.id, offset) => Err(
-                    Problem::at(o.id, offset, "snapshot position is not the end of a record"),
-                ),
+                // Nothing was replayed before the snapshot's position: the
+                // index's log time is still the snapshot's.
+                Some((s, offset))
+                    if o.id == s
+                        && let Some(reason) =
+                            snapshot_position_problem(&o.map, o.id, offset, index.log_time_ms) =>
+                {
+                    Err(Problem::at(o.id, offset, reason))
+                }
                 Some((s, offset)) if o.id == s => {
                     from = offset;
                     // The snapshot's install synced the log up to its
@@ -335,38 +341,60 @@ fn walk(
     walk
 }
 
-/// Whether `offset` in segment `id` is its header's end or the end of a
-/// whole record (frame and body checksums hold), as the position a snapshot
-/// covers must be. A snapshot skips the records before it unread: without
-/// this, one whose position lay in zeros where the newest segment lost its
-/// last records (or the zeros of its preallocated extension) was trusted,
-/// its values there read as damaged, and the records appended after the
-/// hole were dropped by the next repair. Scans back to the nearest valid
-/// frame only (a frame names its own offset, so other candidates fail at
-/// once): the last record, if `offset` ends one; otherwise a record that
-/// `offset` lies inside or that ends before it with no record after, and
-/// either way the answer is no.
-fn ends_a_record(map: &[u8], id: u32, offset: u64) -> bool {
-    let Ok(end) = usize::try_from(offset) else {
-        return false;
-    };
-    if end == SEGMENT_HEADER_LEN || end > map.len() {
-        // The header's end, or past the file, which `replay` reports.
-        return true;
+/// What is wrong with `offset` in log segment `id` as the position a
+/// snapshot taken at `log_time_ms` covers, if anything. It must be the
+/// header's end or the end of a whole record (frame and body checksums
+/// hold): a snapshot skips the records before it unread, and one whose
+/// position lay in zeros where the newest segment lost its last records (or
+/// the zeros of its preallocated extension) was trusted, its values there
+/// read as damaged, and the records appended after the hole were dropped by
+/// the next repair. And that record must be a batch committed at the
+/// snapshot's log time, which is the commit time of the last batch it
+/// covers (the log's clock never goes back): a snapshot copied from another
+/// store whose log had the same shape was trusted, and its seen ids made
+/// this store's new events count as duplicates.
+fn snapshot_position_problem(
+    map: &[u8],
+    id: u32,
+    offset: u64,
+    log_time_ms: u64,
+) -> Option<&'static str> {
+    match record_ending_at(map, id, offset) {
+        None => Some("snapshot position is not the end of a record"),
+        Some(None) => None,
+        Some(Some((kind, body))) => {
+            let committed_ms = (kind == KIND_BATCH)
+                .then(|| decode_batch(body).ok())
+                .flatten()
+                .map(|batch| batch.committed_ms);
+            (committed_ms != Some(log_time_ms)).then_some(
+                "the batch that ends at the snapshot's position was not committed at its log time: a snapshot of another store",
+            )
+        }
     }
-    let Some(last_start) = end.checked_sub(FRAME_HEADER_LEN) else {
-        return false;
-    };
-    let nearest = (SEGMENT_HEADER_LEN..=last_start).rev().find_map(|at| {
+}
+
+/// The kind and body of the whole record (frame and body checksums hold)
+/// that ends at `offset` in segment `id`: `Some(None)` at the header's end
+/// or past the file (which `replay` reports), `None` if no record ends
+/// there. Scans back to the nearest valid frame only (a frame names its own
+/// offset, so other candidates fail at once): the last record, if `offset`
+/// ends one; otherwise a record that `offset` lies inside or that ends
+/// before it with no record after, and either way the answer is `None`.
+fn record_ending_at(map: &[u8], id: u32, offset: u64) -> Option<Option<(u8, &[u8])>> {
+    let end = usize::try_from(offset).ok()?;
+    if end == SEGMENT_HEADER_LEN || end > map.len() {
+        return Some(None);
+    }
+    let last_start = end.checked_sub(FRAME_HEADER_LEN)?;
+    let (at, frame) = (SEGMENT_HEADER_LEN..=last_start).rev().find_map(|at| {
         let frame = decode_frame(map.get(at..end)?, id, u32::try_from(at).ok()?)?;
         Some((at, frame))
-    });
-    nearest.is_some_and(|(at, frame)| {
-        at + FRAME_HEADER_LEN + frame.body_len as usize == end
-            && map
-                .get(at + FRAME_HEADER_LEN..end)
-                .is_some_and(|body| crc32fast::hash(body) == frame.body_crc)
-    })
+    })?;
+    let body = map.get(at + FRAME_HEADER_LEN..end)?;
+    let is_whole = at + FRAME_HEADER_LEN + frame.body_len as usize == end
+        && crc32fast::hash(body) == frame.body_crc;
+    is_whole.then_some(Some((frame.kind, body)))
 }
 
 /// Bytes of a map read between two releases of its pages: loading a file
@@ -1143,8 +1171,12 @@ fn check_snapshot_values(
             .file
             .map(0)
             .map_err(|e| format!("cannot map segment {}: {e}", s.id))?;
-        if s.id == end.covered_segment && !ends_a_record(&map, s.id, end.covered_offset) {
-            return Err("snapshot position is not the end of a record".into());
+        if s.id == end.covered_segment
+            && s.kind == Some(FileKind::Log)
+            && let Some(reason) =
+                snapshot_position_problem(&map, s.id, end.covered_offset, end.log_time_ms)
+        {
+            return Err(reason.into());
         }
         maps.insert(s.id, Arc::clone(&s.file), map);
     }
@@ -1166,6 +1198,19 @@ mod tests {
     use super::*;
     use crate::format::segment::encode_frame;
 
+    /// The body of an empty batch `id` committed at `committed_ms`.
+    fn batch_body(id: &str, committed_ms: u64) -> Vec<u8> {
+        use crate::format::record;
+        let mut body = Vec::new();
+        record::encode_batch_head(&mut body, id.as_bytes(), 7, committed_ms, [0; 8]);
+        record::encode_seen(&mut body, &[]);
+        record::encode_writes_count(&mut body, 0);
+        record::encode_checkpoints(&mut body, std::iter::empty());
+        record::encode_quarantine(&mut body, &[]);
+        record::encode_adds(&mut body, &[]);
+        body
+    }
+
     /// Segment 3: a header of zeros (not read here), records of bodies
     /// `bodies` one after the other, then `zeros` zero bytes; with where
     /// each record ends.
@@ -1185,25 +1230,35 @@ mod tests {
     }
 
     #[test]
-    fn a_snapshot_position_must_end_a_whole_record() {
-        let (file, ends) = segment(&[b"first body", b"second, longer body"], 4096);
+    fn a_snapshot_position_must_end_a_whole_batch_committed_at_the_snapshot_s_log_time() {
+        let (first, second) = (batch_body("B1", 1_000), batch_body("B2, longer", 2_000));
+        let (file, ends) = segment(&[&first, &second], 4096);
         let header_end = SEGMENT_HEADER_LEN as u64;
-        for at in [header_end, ends[0], ends[1]] {
-            assert!(ends_a_record(&file, 3, at), "{at}");
+        let problem =
+            |file: &[u8], id, at, log_time_ms| snapshot_position_problem(file, id, at, log_time_ms);
+        let not_an_end = Some("snapshot position is not the end of a record");
+        for (at, log_time_ms) in [(header_end, 5), (ends[0], 1_000), (ends[1], 2_000)] {
+            assert_eq!(problem(&file, 3, at, log_time_ms), None, "{at}");
+        }
+        // A record of another time at the position: another store's log.
+        for (at, log_time_ms) in [(ends[0], 2_000), (ends[1], 1_000), (ends[1], 2_001)] {
+            let reason = problem(&file, 3, at, log_time_ms).expect("refused");
+            assert!(reason.contains("another store"), "{at}: {reason}");
         }
         let inside = [header_end + 1, ends[0] - 1, ends[0] + 5, ends[1] - 1];
         let in_zeros = [ends[1] + 1, ends[1] + 1000, file.len() as u64];
         for at in inside.into_iter().chain(in_zeros) {
-            assert!(!ends_a_record(&file, 3, at), "{at}");
+            assert_eq!(problem(&file, 3, at, 2_000), not_an_end, "{at}");
         }
-        assert!(
-            !ends_a_record(&file, 4, ends[1]),
+        assert_eq!(
+            problem(&file, 4, ends[1], 2_000),
+            not_an_end,
             "another segment's frames"
         );
         // A record whose body was damaged ends nothing.
         let mut damaged = file.clone();
         damaged[ends[1] as usize - 2] ^= 1;
-        assert!(!ends_a_record(&damaged, 3, ends[1]));
-        assert!(ends_a_record(&damaged, 3, ends[0]));
+        assert_eq!(problem(&damaged, 3, ends[1], 2_000), not_an_end);
+        assert_eq!(problem(&damaged, 3, ends[0], 1_000), None);
     }
 }

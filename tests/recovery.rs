@@ -1222,21 +1222,31 @@ fn a_snapshot_whose_covered_position_lies_in_zeros_of_the_newest_segment_is_not_
 
 /// A snapshot copied in from another store whose log has the same shape
 /// loads and "fits" (first segment 1, covered offset within the log,
-/// references inside it): verify must still not pass the store.
+/// references inside it, and a whole record ends at its position), but the
+/// batch that ends there was not committed at the snapshot's log time.
+/// Open must not trust it: its seen ids would make this store's own events
+/// count as duplicates (it did, until the commit time was checked). Verify
+/// must not pass the store, and repair moves the snapshot aside.
 #[test]
-fn verify_refuses_a_snapshot_copied_from_another_store() {
+fn open_and_verify_refuse_a_snapshot_copied_from_another_store() {
+    use std::sync::Arc;
+
+    use idemkv::ManualClock;
+
     let a = tempfile::tempdir().unwrap();
     let b = tempfile::tempdir().unwrap();
-    for (dir, tag) in [(a.path(), "a"), (b.path(), "b")] {
-        let store = Store::open(dir, unsnapshotted_options()).unwrap();
+    let options = |start_ms| unsnapshotted_options().clock(Arc::new(ManualClock::new(start_ms)));
+    let put = |tag: &str, i: u64, value: String| {
+        Batch::new(format!("{tag}{i}")).put(format!("{tag}e{i}"), format!("{tag}k{i:04}"), 1, value)
+    };
+    for (dir, tag, start_ms) in [
+        (a.path(), "a", 1_700_000_000_000),
+        (b.path(), "b", 1_800_000_000_000),
+    ] {
+        let store = Store::open(dir, options(start_ms)).unwrap();
         for i in 0..10u64 {
             store
-                .apply_batch(&Batch::new(format!("{tag}{i}")).put(
-                    format!("{tag}e{i}"),
-                    format!("{tag}k{i:04}"),
-                    1,
-                    format!("{tag}-{i}-{}", "x".repeat(100)),
-                ))
+                .apply_batch(&put(tag, i, format!("{tag}-{i}-{}", "x".repeat(100))))
                 .unwrap();
         }
         if tag == "a" {
@@ -1244,35 +1254,42 @@ fn verify_refuses_a_snapshot_copied_from_another_store() {
         } else {
             // b's log is longer: a's snapshot fits in it.
             for i in 10..20u64 {
-                store
-                    .apply_batch(&Batch::new(format!("{tag}{i}")).put(
-                        format!("{tag}e{i}"),
-                        format!("{tag}k{i:04}"),
-                        1,
-                        "y",
-                    ))
-                    .unwrap();
+                store.apply_batch(&put(tag, i, "y".to_owned())).unwrap();
             }
         }
         store.close().unwrap();
     }
     assert!(!b.path().join("SNAPSHOT").exists());
-    fs::copy(a.path().join("SNAPSHOT"), b.path().join("SNAPSHOT")).unwrap();
-    let verified = Store::verify_dir(b.path(), &unsnapshotted_options());
-    let store = Store::open(b.path(), unsnapshotted_options()).unwrap();
+    let b_options = || options(1_800_000_001_000);
+    let copy_in = || fs::copy(a.path().join("SNAPSHOT"), b.path().join("SNAPSHOT")).unwrap();
+
+    copy_in();
+    let verified = Store::verify_dir(b.path(), &b_options());
+    assert!(verified.is_err(), "verify passed a foreign snapshot");
+    let store = Store::open(b.path(), b_options()).unwrap();
     let stats = store.stats();
-    let rows: Vec<_> = store.scan_prefix(b"").map(|r| r.map(|(k, _)| k)).collect();
-    drop(store);
-    assert!(
-        verified.is_err(),
-        "verify passed a foreign snapshot; open from snapshot = {}, rows = {rows:?}",
-        stats.opened_from_snapshot
-    );
-    let repaired = Store::repair(b.path(), unsnapshotted_options()).unwrap();
-    assert!(repaired.lost_found.is_some(), "{repaired:?}");
-    Store::verify_dir(b.path(), &unsnapshotted_options()).unwrap();
-    let store = Store::open(b.path(), unsnapshotted_options()).unwrap();
+    assert!(!stats.opened_from_snapshot);
+    let rejected = stats.snapshot_rejected.unwrap_or_default();
+    assert!(rejected.contains("another store"), "{rejected}");
     assert_eq!(store.scan_prefix(b"").filter(|r| r.is_ok()).count(), 20);
+    // A redelivery of one of b's own events is a duplicate; a new one is new.
+    let again = store
+        .apply_batch(
+            &Batch::new("b-again")
+                .put("be3", "bk0003", 1, format!("b-3-{}", "x".repeat(100)))
+                .put("be20", "bk0020", 1, "z"),
+        )
+        .unwrap();
+    assert_eq!((again.duplicates, again.inserted), (1, 1), "{again:?}");
+    drop(store);
+    Store::verify_dir(b.path(), &b_options()).unwrap();
+
+    copy_in();
+    let repaired = Store::repair(b.path(), b_options()).unwrap();
+    assert!(repaired.lost_found.is_some(), "{repaired:?}");
+    Store::verify_dir(b.path(), &b_options()).unwrap();
+    let store = Store::open(b.path(), b_options()).unwrap();
+    assert_eq!(store.scan_prefix(b"").filter(|r| r.is_ok()).count(), 21);
 }
 
 /// A snapshot whose covered position falls inside a record of the log
