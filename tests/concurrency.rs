@@ -758,6 +758,60 @@ fn a_batch_planned_while_another_waits_for_its_sync_commits_no_earlier_than_it()
     assert_eq!(committed_ms(&store, "B1"), Some(T0_MS + 60_000));
 }
 
+/// The syncer after a sync during which another record was written waits
+/// for as many records as that sync saw (its cohort), and its sync covers
+/// every record written meanwhile: W1, written while A's sync is held,
+/// gathers X, and one sync serves both. A sync that covered only W1, or a
+/// syncer that did not wait, would leave X a sync of its own.
+#[cfg(feature = "testing")]
+#[test]
+fn the_next_syncer_gathers_the_records_written_while_it_waits_into_one_sync() {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use idemkv::storage::{FaultyStorage, OpKind};
+
+    const TIMEOUT: Duration = Duration::from_secs(20);
+    let storage = FaultyStorage::new();
+    let options = Options::default()
+        .storage(Arc::new(storage.clone()))
+        .durability(Durability::Sync)
+        .snapshot_log_bytes(None)
+        // The held sync is A's commit sync.
+        .zero_fill(false);
+    let store = Store::open("/db", options).unwrap();
+    store
+        .apply_batch(&Batch::new("B0").put("e0", "k0", 1, "v"))
+        .unwrap();
+    let syncs = store.stats().syncs;
+    let writes = || storage.op_count_of(OpKind::Write);
+    std::thread::scope(|scope| {
+        storage.pause_next(OpKind::SyncData);
+        let a = scope.spawn(|| store.apply_batch(&Batch::new("A").put("ea", "ka", 1, "v")));
+        let held = storage.wait_until_paused(TIMEOUT);
+        let before = writes();
+        let w1 = scope.spawn(|| store.apply_batch(&Batch::new("W1").put("ew1", "kw1", 1, "v")));
+        let deadline = Instant::now() + TIMEOUT;
+        while writes() == before && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // A's sync lasts a second: W1, its next syncer, gathers that long.
+        std::thread::sleep(Duration::from_secs(1));
+        storage.resume();
+        assert!(held.is_some(), "A's commit sync was held");
+        a.join().unwrap().expect("A");
+        store
+            .apply_batch(&Batch::new("X").put("ex", "kx", 1, "v"))
+            .expect("X");
+        w1.join().unwrap().expect("W1");
+    });
+    assert_eq!(
+        store.stats().syncs - syncs,
+        2,
+        "A's sync, then one for both W1 and X"
+    );
+}
+
 /// While a batch's commit sync is held, no reader sees any part of it:
 /// `get`, `scan_prefix`, `batch`, `checkpoints`, `log`, `quarantine`,
 /// `digest` and `stats` (but for `seen_ids`) all answer as before it was

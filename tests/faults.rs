@@ -1763,6 +1763,108 @@ fn a_waiter_that_another_callers_sync_covers_succeeds_though_the_store_was_poiso
     });
 }
 
+/// The same for a waiter whose record a sync covered, while that sync's
+/// syncer publishes: A's sync returned and its syncer waits for the writer
+/// lock, which B holds while its append fails. A replay of A, which waits
+/// for A's record, is woken by the poisoning before A is published; it
+/// waits for the publishing rather than report an error for a batch that
+/// readers then see.
+#[test]
+fn a_waiter_whose_record_a_sync_covered_succeeds_though_the_store_was_poisoned_while_it_publishes()
+{
+    use std::time::{Duration, Instant};
+    const TIMEOUT: Duration = Duration::from_secs(20);
+    let storage = FaultyStorage::new();
+    let options = options(&storage)
+        .zero_fill(false)
+        .segment_bytes_max(1 << 20)
+        .snapshot_log_bytes(None);
+    let store = Store::open(dir(), options).expect("open");
+    store
+        .apply_batch(&Batch::new("B0").put("e0", "k0", 1, "v"))
+        .expect("apply");
+    let a = Batch::new("A").put("ea", "ka", 1, "va");
+    std::thread::scope(|scope| {
+        storage.pause_next(OpKind::SyncData);
+        let first = scope.spawn(|| store.apply_batch(&a));
+        storage.wait_until_paused(TIMEOUT).expect("A's sync held");
+        // The replay waits for A's record, which ends the log.
+        let replay = scope.spawn(|| store.apply_batch(&a));
+        std::thread::sleep(Duration::from_millis(200));
+        // B's append is held with the writer lock. The storage holds one
+        // operation at a time, so A's sync goes on once B's append is
+        // held, and its syncer then waits for the writer lock to publish.
+        let syncs = store.stats().syncs;
+        storage.pause_next(OpKind::Write);
+        let b = scope.spawn(|| store.apply_batch(&Batch::new("B").put("eb", "kb", 1, "vb")));
+        storage.wait_until_paused(TIMEOUT).expect("B's append held");
+        let deadline = Instant::now() + TIMEOUT;
+        while store.stats().syncs == syncs && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let is_synced = store.stats().syncs > syncs;
+        storage.inject(Fault::new(OpKind::Write, FaultError::Io));
+        storage.resume();
+        assert!(is_synced, "A's sync returned while B's append was held");
+        assert!(b.join().expect("B's thread").is_err(), "B's append failed");
+        first
+            .join()
+            .expect("A's thread")
+            .expect("A's sync succeeded");
+        let replay = replay.join().expect("the replay's thread");
+        assert!(
+            replay.as_ref().is_ok_and(|r| r.replayed),
+            "A is published: {replay:?}"
+        );
+    });
+    assert!(store.get("ka").expect("get").is_some());
+}
+
+/// `Stats::syncs` counts the commit syncs that succeeded since open: a
+/// lone writer's batch takes one of its own, a replay of a durable batch
+/// none, a failed sync does not count, and under `Buffered` there are none.
+#[test]
+fn stats_count_the_commit_syncs_that_succeeded() {
+    let storage = FaultyStorage::new();
+    let options = options(&storage)
+        .segment_bytes_max(1 << 20)
+        .snapshot_log_bytes(None);
+    let store = Store::open(dir(), options.clone()).expect("open");
+    assert_eq!(store.stats().syncs, 0, "open takes no commit sync");
+    for i in 0..3 {
+        let batch = Batch::new(format!("B{i}")).put(format!("e{i}"), "k", i + 1, "v");
+        store.apply_batch(&batch).expect("apply");
+        assert_eq!(store.stats().syncs, i + 1, "one sync per lone batch");
+    }
+    let replay = store
+        .apply_batch(&Batch::new("B0").put("e0", "k", 1, "v"))
+        .expect("replay");
+    assert!(replay.replayed);
+    assert_eq!(
+        store.stats().syncs,
+        3,
+        "a durable batch's replay syncs nothing"
+    );
+    storage.inject(Fault::new(OpKind::SyncData, FaultError::Io));
+    let failed = store.apply_batch(&Batch::new("F").put("ef", "kf", 1, "v"));
+    assert!(failed.is_err(), "{failed:?}");
+    assert_eq!(store.stats().syncs, 3, "the failed sync is not counted");
+    drop(store);
+
+    let buffered = FaultyStorage::new();
+    let store = Store::open(
+        dir(),
+        options
+            .storage(Arc::new(buffered.clone()))
+            .durability(Durability::Buffered),
+    )
+    .expect("open");
+    store
+        .apply_batch(&Batch::new("B0").put("e0", "k", 1, "v"))
+        .expect("apply");
+    assert_eq!(store.stats().syncs, 0, "no commit syncs under Buffered");
+}
+
 /// A store directory that open creates is durable only once its parent is
 /// synced: open syncs the parent of each directory it made (POSIX promises
 /// no more; without it, a power loss could take the directory and every
