@@ -144,6 +144,9 @@ impl GroupCommit {
         let mut s = self.state.lock();
         s.poisoned.get_or_insert(reason);
         self.synced.notify_all();
+        // A gathering syncer stops waiting for records that will not come,
+        // rather than at its deadline.
+        self.joined.notify_all();
     }
 
     /// `Err(Poisoned)` once a write or sync has failed.
