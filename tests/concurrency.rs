@@ -283,6 +283,18 @@ fn every_writer_reads_its_own_batch_on_return_and_writers_share_syncs() {
     check_final_state(&store);
 }
 
+/// Options for a store on `storage` whose next data sync, once a test holds
+/// it, is a batch's commit sync: under `Sync`, with no zero fill (whose
+/// syncs come first) and no automatic snapshot.
+#[cfg(feature = "testing")]
+fn held_sync_options(storage: &idemkv::storage::FaultyStorage) -> Options {
+    Options::default()
+        .storage(std::sync::Arc::new(storage.clone()))
+        .durability(Durability::Sync)
+        .snapshot_log_bytes(None)
+        .zero_fill(false)
+}
+
 /// Batches planned while an earlier one waits for its sync see its effects
 /// whenever they touch it (its batch id, an event id it recorded, a key it
 /// wrote) and plan against the committed state alone when they do not: a
@@ -293,18 +305,12 @@ fn every_writer_reads_its_own_batch_on_return_and_writers_share_syncs() {
 #[cfg(feature = "testing")]
 #[test]
 fn batches_planned_while_another_waits_for_its_sync_see_exactly_what_it_touched() {
-    use std::sync::Arc;
     use std::time::{Duration, Instant};
 
     use idemkv::storage::{FaultyStorage, OpKind};
 
     let storage = FaultyStorage::new();
-    let options = Options::default()
-        .storage(Arc::new(storage.clone()))
-        .durability(Durability::Sync)
-        .on_conflict(OnConflict::Quarantine)
-        // The held sync is the pending batch's commit sync.
-        .zero_fill(false);
+    let options = held_sync_options(&storage).on_conflict(OnConflict::Quarantine);
     let store = Store::open("/db", options).unwrap();
     store
         .apply_batch(
@@ -644,18 +650,13 @@ fn a_batch_written_while_a_snapshot_runs_is_acknowledged_only_once_synced() {
 #[cfg(feature = "testing")]
 #[test]
 fn a_batch_planned_while_an_unchanged_put_waits_sees_the_bumped_version() {
-    use std::sync::Arc;
     use std::time::{Duration, Instant};
 
     use idemkv::storage::{FaultyStorage, OpKind};
 
     const TIMEOUT: Duration = Duration::from_secs(20);
     let storage = FaultyStorage::new();
-    let options = Options::default()
-        .storage(Arc::new(storage.clone()))
-        .durability(Durability::Sync)
-        // The held sync is A's commit sync.
-        .zero_fill(false);
+    let options = held_sync_options(&storage);
     let store = Store::open("/db", options).unwrap();
     store
         .apply_batch(&Batch::new("B0").put("e0", "k1", 5, "v0"))
@@ -707,12 +708,7 @@ fn a_batch_planned_while_another_waits_for_its_sync_commits_no_earlier_than_it()
     const T0_MS: u64 = 1_700_000_000_000;
     let storage = FaultyStorage::new();
     let clock = ManualClock::new(T0_MS);
-    let options = Options::default()
-        .storage(Arc::new(storage.clone()))
-        .durability(Durability::Sync)
-        .clock(Arc::new(clock.clone()))
-        // The held sync is A's commit sync.
-        .zero_fill(false);
+    let options = held_sync_options(&storage).clock(Arc::new(clock.clone()));
     let store = Store::open("/db", options.clone()).unwrap();
     store
         .apply_batch(&Batch::new("B0").put("e0", "k0", 1, "v0"))
@@ -766,19 +762,13 @@ fn a_batch_planned_while_another_waits_for_its_sync_commits_no_earlier_than_it()
 #[cfg(feature = "testing")]
 #[test]
 fn the_next_syncer_gathers_the_records_written_while_it_waits_into_one_sync() {
-    use std::sync::Arc;
     use std::time::{Duration, Instant};
 
     use idemkv::storage::{FaultyStorage, OpKind};
 
     const TIMEOUT: Duration = Duration::from_secs(20);
     let storage = FaultyStorage::new();
-    let options = Options::default()
-        .storage(Arc::new(storage.clone()))
-        .durability(Durability::Sync)
-        .snapshot_log_bytes(None)
-        // The held sync is A's commit sync.
-        .zero_fill(false);
+    let options = held_sync_options(&storage);
     let store = Store::open("/db", options).unwrap();
     store
         .apply_batch(&Batch::new("B0").put("e0", "k0", 1, "v"))
@@ -821,7 +811,6 @@ fn the_next_syncer_gathers_the_records_written_while_it_waits_into_one_sync() {
 #[cfg(feature = "testing")]
 #[test]
 fn readers_see_no_part_of_a_batch_until_its_commit_sync_returns() {
-    use std::sync::Arc;
     use std::time::Duration;
 
     use idemkv::storage::{FaultyStorage, OpKind};
@@ -865,13 +854,7 @@ fn readers_see_no_part_of_a_batch_until_its_commit_sync_returns() {
     };
     for is_large in [false, true] {
         let storage = FaultyStorage::new();
-        let options = Options::default()
-            .storage(Arc::new(storage.clone()))
-            .durability(Durability::Sync)
-            .on_conflict(OnConflict::Quarantine)
-            .snapshot_log_bytes(None)
-            // The held sync is A's commit sync.
-            .zero_fill(false);
+        let options = held_sync_options(&storage).on_conflict(OnConflict::Quarantine);
         let store = Store::open("/db", options).unwrap();
         store
             .apply_batch(
@@ -995,19 +978,13 @@ fn values_and_scans_taken_before_compactions_keep_their_rows_after_the_segments_
 #[cfg(feature = "testing")]
 #[test]
 fn a_compaction_cut_waiting_for_a_held_commit_sync_blocks_no_reader_and_publishes_nothing_early() {
-    use std::sync::Arc;
     use std::time::{Duration, Instant};
 
     use idemkv::storage::{FaultyStorage, OpKind};
 
     const TIMEOUT: Duration = Duration::from_secs(20);
     let storage = FaultyStorage::new();
-    let options = Options::default()
-        .storage(Arc::new(storage.clone()))
-        .durability(Durability::Sync)
-        .snapshot_log_bytes(None)
-        // The held sync is A's commit sync.
-        .zero_fill(false);
+    let options = held_sync_options(&storage);
     let store = Store::open("/db", options.clone()).unwrap();
     for i in 0..20 {
         store
