@@ -253,6 +253,7 @@ fn errno(error: FaultError) -> &'static str {
     match error {
         FaultError::Io => "os error 5",
         FaultError::NoSpace => "os error 28",
+        FaultError::PermissionDenied => "os error 13",
     }
 }
 
@@ -1966,6 +1967,31 @@ fn a_crash_at_any_step_of_creating_a_store_directory_leaves_one_the_next_open_ma
                 "crash at op {at}: a batch was acknowledged, and the entry in {parent} never synced"
             );
         }
+    }
+}
+
+/// A new store in a directory that exists already (made by its caller, or
+/// by an open that died before its note) has its ancestors synced up to
+/// one the process may not open, which it cannot have created: the store
+/// still opens. Any other failure of those syncs fails the open.
+#[test]
+fn a_new_store_under_a_directory_the_process_may_not_read_still_opens() {
+    let nested = PathBuf::from("/parent/db");
+    for (error, opens) in [
+        (FaultError::PermissionDenied, true),
+        (FaultError::Io, false),
+    ] {
+        let storage = FaultyStorage::new();
+        storage.create_dir_all(&nested).unwrap();
+        // The first sync is of /parent, the second of /.
+        storage.inject(Fault::new(OpKind::SyncDir, error).skip(1));
+        let opened = Store::open(&nested, options(&storage));
+        assert_eq!(opened.is_ok(), opens, "{error:?}: {:?}", opened.err());
+        let synced_parent = storage
+            .ops()
+            .iter()
+            .any(|o| o.kind == OpKind::SyncDir && !o.failed && o.path == Path::new("/parent"));
+        assert!(synced_parent, "{error:?}");
     }
 }
 

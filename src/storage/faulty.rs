@@ -93,6 +93,8 @@ pub enum FaultError {
     Io,
     /// ENOSPC (errno 28): the disk is full.
     NoSpace,
+    /// EACCES (errno 13): the process may not open the path.
+    PermissionDenied,
 }
 
 impl FaultError {
@@ -101,6 +103,7 @@ impl FaultError {
         match self {
             FaultError::Io => io::Error::from_raw_os_error(5),
             FaultError::NoSpace => io::Error::from_raw_os_error(28),
+            FaultError::PermissionDenied => io::Error::from_raw_os_error(13),
         }
     }
 }

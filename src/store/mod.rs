@@ -199,7 +199,17 @@ fn sync_created_parents(storage: &dyn Storage, dir: &Path) -> Result<()> {
             if names.iter().any(|n| parse_segment_file_name(n).is_some()) {
                 return Ok(());
             }
-            return sync_parents(storage, dir, usize::MAX);
+            // How many levels that creator made is unknown, so all are
+            // synced, up to one this process may not open: a new store
+            // under a directory it cannot read must still open.
+            return match sync_parents(storage, dir, usize::MAX) {
+                Err(Error::Io { source, .. })
+                    if source.kind() == io::ErrorKind::PermissionDenied =>
+                {
+                    Ok(())
+                }
+                synced => synced,
+            };
         }
         Err(e) => return Err(Error::io("open", &note, e)),
     };
