@@ -1003,6 +1003,23 @@ fn faults_during_repair_fail_it_then_repair_again_salvages_the_prefix() {
                 op.kind,
                 op.path.display()
             );
+            // Repair moves segments newest first (DESIGN, "Repair"), so that
+            // what an interrupted one leaves is a prefix of the log, with no gap.
+            let image = storage.crash_image(policy);
+            let mut ids: Vec<u64> = image
+                .list_dir(&dir())
+                .expect("list")
+                .iter()
+                .filter_map(|n| n.strip_suffix(".seg")?.parse().ok())
+                .collect();
+            ids.sort_unstable();
+            if ids.first().is_some_and(|&first| first != 1)
+                || ids.windows(2).any(|w| w[1] != w[0] + 1)
+            {
+                failures.push(format!(
+                    "{what}: segments {ids:?} are not a prefix of the log"
+                ));
+            }
             failures.extend(check(&storage.crash_image(policy), &what).err());
             cuts += 1;
         }
@@ -1013,6 +1030,33 @@ fn faults_during_repair_fail_it_then_repair_again_salvages_the_prefix() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// Repair's cut replaces the damaged segment by a copy of its valid records
+/// and fsyncs the directory after the rename (DESIGN, "Repair", step 3): a
+/// power loss right after a repair that succeeded must not bring the damaged
+/// segment back under its name, for open to refuse again.
+#[test]
+fn a_repair_that_succeeded_outlives_a_power_loss() {
+    let batches = workload();
+    let clean = clean_run(&batches, false);
+    let all = records(&clean);
+    let r = all
+        .iter()
+        .rposition(|(s, _, _)| *s == 1)
+        .expect("segment 1 has records")
+        - 1;
+    let (segment, range, batch) = all.get(r).expect("record").clone();
+    let storage = clean.storage.crash_image(CrashPolicy::PowerLoss);
+    storage
+        .corrupt(segment_path(segment), range.start + 30, 0x10)
+        .expect("corrupt");
+    Store::repair(dir(), repair_options(&storage)).expect("repair");
+
+    let after = storage.crash_image(CrashPolicy::PowerLoss);
+    Store::verify_dir(dir(), &options(&after)).expect("verify after the repair and a power loss");
+    let store = Store::open(dir(), options(&after)).expect("open");
+    assert_eq!(Some(&snap(&store)), clean.states.get(batch));
 }
 
 #[test]
@@ -2037,6 +2081,58 @@ fn a_crash_at_every_step_of_the_rewrite_after_a_failed_sync_keeps_acknowledged_b
             assert!(
                 store.get(format!("k{i}")).unwrap().is_some(),
                 "crash at op {at}, then power loss: acknowledged B{i} lost"
+            );
+        }
+    }
+}
+
+/// As above under `Buffered`, where the marker's rewrite is what makes the
+/// pages of a failed `close` durable: its frames claim every byte before
+/// them, so open's own rewrite of the records after the last claim covers
+/// only the last record. The marker goes only once the copy is durable
+/// (DESIGN, "File lifecycle"), so a crash at any step of that open leaves it
+/// for the next, and a clean close after that makes every batch durable.
+#[test]
+fn a_crash_in_the_rewrite_after_a_failed_buffered_close_leaves_the_marker_for_the_next_open() {
+    let options =
+        |storage: &FaultyStorage| unsnapshotted_unfilled(storage).durability(Durability::Buffered);
+    let disk = FaultyStorage::new();
+    let store = Store::open(dir(), options(&disk)).expect("open");
+    for i in 0..3 {
+        let batch = Batch::new(format!("B{i}")).put(format!("e{i}"), format!("k{i}"), 1, "v");
+        store.apply_batch(&batch).expect("apply");
+    }
+    disk.inject(Fault::new(OpKind::SyncData, FaultError::Io));
+    assert!(store.close().is_err(), "its sync fails");
+    disk.heal();
+    assert!(disk.files().iter().any(|p| p.ends_with("SYNC_FAILED")));
+
+    let probe = disk.crash_image(CrashPolicy::ProcessCrash);
+    let store = Store::open(dir(), options(&probe)).expect("open rewrites");
+    // The open's operations only, not those of the close that dropping it makes.
+    let open_ops = probe.op_count();
+    drop(store);
+    for at in 0..open_ops {
+        let image = disk.crash_image(CrashPolicy::ProcessCrash);
+        image.crash_at(at);
+        assert!(
+            Store::open(dir(), options(&image)).is_err(),
+            "crash at op {at}"
+        );
+        let image = image.crash_image(CrashPolicy::ProcessCrash);
+        let store = Store::open(dir(), options(&image))
+            .unwrap_or_else(|e| panic!("crash at op {at}, then open: {e}"));
+        store
+            .apply_batch(&Batch::new("B3").put("e3", "k3", 1, "v"))
+            .expect("B3");
+        store.close().expect("close");
+        let after = image.crash_image(CrashPolicy::PowerLoss);
+        let store = Store::open(dir(), options(&after))
+            .unwrap_or_else(|e| panic!("crash at op {at}, a clean close, then power loss: {e}"));
+        for i in 0..4 {
+            assert!(
+                store.get(format!("k{i}")).unwrap().is_some(),
+                "crash at op {at}, a clean close, then power loss: B{i} lost"
             );
         }
     }
