@@ -250,3 +250,78 @@ fn a_compaction_syncs_the_directory_between_its_rename_and_the_first_removal() {
             .collect::<Vec<_>>()
     );
 }
+
+/// A batch waiting for its sync across a compaction's switch: the pending
+/// batches' shadow was built, before the switch, on the values as they lay
+/// before it (an unchanged put keeps its key's stored value), and the
+/// switch moved those values into the base and removed their segments. A
+/// batch planned after the switch against that shadow read a value that
+/// was no longer there; the switch must drop the shadow, to be built again
+/// on the moved values.
+#[test]
+fn a_batch_planned_after_a_compaction_s_switch_reads_values_the_switch_moved_not_a_stale_shadow() {
+    use std::time::{Duration, Instant};
+
+    const TIMEOUT: Duration = Duration::from_secs(20);
+    let storage = FaultyStorage::new();
+    let store = Store::open(
+        "/db",
+        options(&storage)
+            .durability(Durability::Sync)
+            .segment_bytes_max(16 * 1024)
+            .snapshot_log_bytes(None)
+            .zero_fill(false),
+    )
+    .unwrap();
+    let value = format!("value 0 {}", "x".repeat(60));
+    store
+        .apply_batch(&Batch::new("K").put("e-k", "k", 1, value.clone()))
+        .unwrap();
+    fill(&store);
+    let writes = || storage.op_count_of(OpKind::Write);
+    let wait_for_write_after = |before: usize| {
+        let deadline = Instant::now() + TIMEOUT;
+        while writes() == before && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(writes() > before, "the batch was written");
+    };
+    // P, an unchanged put of `k`; R, a redelivery of P's event; Q, another
+    // unchanged put of `k`.
+    let p = Batch::new("P").put("e-p", "k", 2, value.clone());
+    let r = Batch::new("R").put("e-p", "k", 2, value.clone());
+    let q = Batch::new("Q").put("e-q", "k", 3, value.clone());
+    std::thread::scope(|scope| {
+        // The compaction, past its cut, waits before its base's rename.
+        storage.pause_next(OpKind::Rename);
+        let compaction = scope.spawn(|| store.compact());
+        let rename = storage.wait_until_paused(TIMEOUT).expect("rename held");
+        // P waits for its sync.
+        storage.pause_next(OpKind::SyncData);
+        let p_thread = scope.spawn(|| store.apply_batch(&p));
+        let sync = storage.wait_until_paused(TIMEOUT).expect("P's sync held");
+        // R redelivers P's event: planning it builds the shadow.
+        let before = writes();
+        let r_thread = scope.spawn(|| store.apply_batch(&r));
+        wait_for_write_after(before);
+        storage.resume_op(rename);
+        let report = compaction.join().unwrap().expect("compaction");
+        assert!(report.segments_replaced > 1, "{report:?}");
+        // Q, another unchanged put of `k`, is planned against the shadow.
+        let before = writes();
+        let q_thread = scope.spawn(|| store.apply_batch(&q));
+        let deadline = Instant::now() + TIMEOUT;
+        while writes() == before && !q_thread.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        storage.resume_op(sync);
+        let q_report = q_thread
+            .join()
+            .unwrap()
+            .expect("Q planned on the moved value");
+        assert_eq!(q_report.unchanged, 1, "{q_report:?}");
+        p_thread.join().unwrap().expect("P");
+        assert_eq!(r_thread.join().unwrap().expect("R").duplicates, 1);
+    });
+    assert_eq!(store.get("k").unwrap().unwrap().seq, 3);
+}

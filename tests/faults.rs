@@ -1832,17 +1832,17 @@ fn a_waiter_whose_record_a_sync_covered_succeeds_though_the_store_was_poisoned_w
     std::thread::scope(|scope| {
         storage.pause_next(OpKind::SyncData);
         let first = scope.spawn(|| store.apply_batch(&a));
-        storage.wait_until_paused(TIMEOUT).expect("A's sync held");
+        let a_sync = storage.wait_until_paused(TIMEOUT).expect("A's sync held");
         // The replay waits for A's record, which ends the log.
         let replay = scope.spawn(|| store.apply_batch(&a));
         std::thread::sleep(Duration::from_millis(200));
-        // B's append is held with the writer lock. The storage holds one
-        // operation at a time, so A's sync goes on once B's append is
-        // held, and its syncer then waits for the writer lock to publish.
+        // B's append is held with the writer lock; then A's sync goes on,
+        // and its syncer waits for the writer lock to publish.
         let syncs = store.stats().syncs;
         storage.pause_next(OpKind::Write);
         let b = scope.spawn(|| store.apply_batch(&Batch::new("B").put("eb", "kb", 1, "vb")));
         storage.wait_until_paused(TIMEOUT).expect("B's append held");
+        storage.resume_op(a_sync);
         let deadline = Instant::now() + TIMEOUT;
         while store.stats().syncs == syncs && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));

@@ -29,7 +29,8 @@
 //!   ([`FaultyStorage::pause_next`]), and a data sync once it is done but
 //!   before it returns ([`FaultyStorage::pause_after_next_sync`]), to
 //!   interleave threads deterministically (for example, a record appended
-//!   while another writer's sync is held).
+//!   while another writer's sync is held). Several can be held at once,
+//!   and let go one by one ([`FaultyStorage::resume_op`]) or all together.
 //!
 //! What it does not model: permissions, disk capacity (ENOSPC is only
 //! injected), hard links, directories as entries (`create_dir_all` is
@@ -288,7 +289,10 @@ struct Disk {
     ops: Vec<OpRecord>,
     faults: Vec<Armed>,
     crash: Option<Crash>,
+    /// The armed pause, not yet reached.
     pause: Option<Pause>,
+    /// Operations held until resumed, oldest first.
+    held: Vec<u64>,
 }
 
 /// A test's hold on an operation, to interleave threads deterministically.
@@ -301,8 +305,6 @@ enum Pause {
     NextSyncDone,
     /// Data sync `index` is to be held when it is done.
     SyncDone(u64),
-    /// Operation `index` is held until `resume`.
-    Holding(u64),
 }
 
 /// The disk, and the condition variable that paused operations wait on.
@@ -427,11 +429,13 @@ impl Disk {
     }
 }
 
-/// Holds operation `index` until the test resumes it.
+/// Holds operation `index` until the test resumes it; the pause that
+/// caught it is spent, so that another may be armed meanwhile.
 fn hold(shared: &Shared, disk: &mut MutexGuard<'_, Disk>, index: u64) {
-    disk.pause = Some(Pause::Holding(index));
+    disk.pause = None;
+    disk.held.push(index);
     shared.pause.notify_all();
-    while disk.pause == Some(Pause::Holding(index)) {
+    while disk.held.contains(&index) {
         shared.pause.wait(disk);
     }
 }
@@ -584,14 +588,17 @@ impl FaultyStorage {
         self.shared.disk.lock().pause = Some(Pause::NextSyncDone);
     }
 
-    /// Waits until an operation is held by [`pause_next`](Self::pause_next)
-    /// or [`pause_after_next_sync`](Self::pause_after_next_sync);
-    /// returns its index, or `None` if none was within `timeout`.
+    /// Waits until the pause armed last by [`pause_next`](Self::pause_next)
+    /// or [`pause_after_next_sync`](Self::pause_after_next_sync) holds an
+    /// operation; returns its index, or `None` if none was within
+    /// `timeout`. Another pause may be armed while one holds an operation.
     pub fn wait_until_paused(&self, timeout: std::time::Duration) -> Option<u64> {
         let deadline = std::time::Instant::now() + timeout;
         let mut disk = self.shared.disk.lock();
         loop {
-            if let Some(Pause::Holding(index)) = disk.pause {
+            if disk.pause.is_none()
+                && let Some(&index) = disk.held.last()
+            {
                 return Some(index);
             }
             if self
@@ -615,9 +622,17 @@ impl FaultyStorage {
             .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// Lets a held operation go on (and disarms a pause not yet reached).
+    /// Lets every held operation go on (and disarms a pause not yet reached).
     pub fn resume(&self) {
-        self.shared.disk.lock().pause = None;
+        let mut disk = self.shared.disk.lock();
+        disk.pause = None;
+        disk.held.clear();
+        self.shared.pause.notify_all();
+    }
+
+    /// Lets held operation `index` go on, and no other.
+    pub fn resume_op(&self, index: u64) {
+        self.shared.disk.lock().held.retain(|&i| i != index);
         self.shared.pause.notify_all();
     }
 
