@@ -32,8 +32,8 @@
 //!   while another writer's sync is held). Several can be held at once,
 //!   and let go one by one ([`FaultyStorage::resume_op`]) or all together.
 //!
-//! What it does not model: permissions, disk capacity (ENOSPC is only
-//! injected), hard links, directories as entries (`create_dir_all` is
+//! What it does not model: permissions (EACCES is only injected), disk
+//! capacity (ENOSPC is only injected), hard links, directories as entries (`create_dir_all` is
 //! immediate and durable, and directories cannot be removed), torn directory
 //! updates, and the liveness of memory maps: `map` returns a copy of the
 //! current bytes, so later writes (and `corrupt`) are not seen through an
