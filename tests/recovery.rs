@@ -1254,6 +1254,25 @@ fn a_snapshot_whose_covered_position_lies_in_zeros_of_the_newest_segment_is_not_
     assert!(store.get(b"k0019").unwrap().is_some());
 }
 
+/// Opens a store in `dir`, commits `batches`, writes a snapshot if
+/// `snapshot`, and closes it cleanly (which writes none for so little log).
+fn store_of(
+    dir: &Path,
+    options: Options,
+    batches: impl IntoIterator<Item = Batch>,
+    snapshot: bool,
+) {
+    let store = Store::open(dir, options).unwrap();
+    for batch in batches {
+        store.apply_batch(&batch).unwrap();
+    }
+    if snapshot {
+        store.snapshot().unwrap();
+    }
+    store.close().unwrap();
+    assert_eq!(dir.join("SNAPSHOT").exists(), snapshot);
+}
+
 /// A snapshot copied in from another store whose log has the same shape
 /// loads and "fits" (first segment 1, covered offset within the log,
 /// references inside it, and a whole record ends at its position), but the
@@ -1273,27 +1292,13 @@ fn open_and_verify_refuse_a_snapshot_copied_from_another_store() {
     let put = |tag: &str, i: u64, value: String| {
         Batch::new(format!("{tag}{i}")).put(format!("{tag}e{i}"), format!("{tag}k{i:04}"), 1, value)
     };
-    for (dir, tag, start_ms) in [
-        (a.path(), "a", 1_700_000_000_000),
-        (b.path(), "b", 1_800_000_000_000),
-    ] {
-        let store = Store::open(dir, options(start_ms)).unwrap();
-        for i in 0..10u64 {
-            store
-                .apply_batch(&put(tag, i, format!("{tag}-{i}-{}", "x".repeat(100))))
-                .unwrap();
-        }
-        if tag == "a" {
-            store.snapshot().unwrap();
-        } else {
-            // b's log is longer: a's snapshot fits in it.
-            for i in 10..20u64 {
-                store.apply_batch(&put(tag, i, "y".to_owned())).unwrap();
-            }
-        }
-        store.close().unwrap();
-    }
-    assert!(!b.path().join("SNAPSHOT").exists());
+    let padded = |tag: &'static str| {
+        (0..10u64).map(move |i| put(tag, i, format!("{tag}-{i}-{}", "x".repeat(100))))
+    };
+    store_of(a.path(), options(1_700_000_000_000), padded("a"), true);
+    // b's log is longer: a's snapshot fits in it.
+    let longer = padded("b").chain((10..20u64).map(|i| put("b", i, "y".to_owned())));
+    store_of(b.path(), options(1_800_000_000_000), longer, false);
     let b_options = || options(1_800_000_001_000);
     let copy_in = || fs::copy(a.path().join("SNAPSHOT"), b.path().join("SNAPSHOT")).unwrap();
 
@@ -1608,24 +1613,14 @@ fn verify_and_repair_refuse_a_snapshot_whose_values_are_not_the_log_s() {
 
     let options = || unsnapshotted_options().clock(Arc::new(ManualClock::new(1_700_000_000_000)));
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    for (dir, filler) in [(a.path(), "x"), (b.path(), "y")] {
-        let store = Store::open(dir, options()).unwrap();
-        for i in 0..10u64 {
+    let batches = |filler: &'static str| {
+        (0..10u64).map(move |i| {
             let value = format!("value-{i}-{}", filler.repeat(100));
-            store
-                .apply_batch(&Batch::new(format!("B{i}")).put(
-                    format!("e{i}"),
-                    format!("k{i}"),
-                    1,
-                    value,
-                ))
-                .unwrap();
-        }
-        if filler == "x" {
-            store.snapshot().unwrap();
-        }
-        store.close().unwrap();
-    }
+            Batch::new(format!("B{i}")).put(format!("e{i}"), format!("k{i}"), 1, value)
+        })
+    };
+    store_of(a.path(), options(), batches("x"), true);
+    store_of(b.path(), options(), batches("y"), false);
     fs::copy(a.path().join("SNAPSHOT"), b.path().join("SNAPSHOT")).unwrap();
 
     match Store::verify_dir(b.path(), &options()) {
