@@ -283,6 +283,132 @@ fn every_writer_reads_its_own_batch_on_return_and_writers_share_syncs() {
     check_final_state(&store);
 }
 
+/// Rows each of the large batches below puts: with values of 100 bytes,
+/// their records (about 50 KiB) are past the size whose application to the
+/// index the store hands to a thread of its own.
+const LARGE_ROWS: u64 = 400;
+
+fn large_value(i: u64) -> String {
+    format!("{i:0100}")
+}
+
+/// Puts every row at seq `i + 1`, and redelivers the previous batch's first
+/// event (a duplicate only if that batch is in the index when this one is
+/// planned).
+fn large_batch(i: u64) -> Batch {
+    let mut batch = Batch::new(format!("L{i}"));
+    if i > 0 {
+        batch = batch.put(format!("L{}-0", i - 1), "rows/000", i, large_value(i - 1));
+    }
+    for r in 0..LARGE_ROWS {
+        batch = batch.put(
+            format!("L{i}-{r}"),
+            format!("rows/{r:03}"),
+            i + 1,
+            large_value(i),
+        );
+    }
+    batch.checkpoint("large", i.to_be_bytes())
+}
+
+/// Sets its flag when dropped.
+struct SetOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn large_batches_are_whole_to_readers_and_read_back_on_return_and_by_the_next_batch() {
+    // A large record is applied to the index by a thread of the store's
+    // own after `apply_batch` returns (DESIGN.md, "Publishing"); the writer
+    // hands it the index's write lock first. Neither the writer's own
+    // reads, nor its next batch's planning, nor another thread's reads may
+    // see the store without the batch or with part of it.
+    for durability in [Durability::Buffered, Durability::Sync] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), Options::default().durability(durability)).unwrap();
+        let writer_done = std::sync::atomic::AtomicBool::new(false);
+        let scans = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut seq_before = 0;
+                while !writer_done.load(Ordering::SeqCst) {
+                    let committed = store
+                        .checkpoint("large")
+                        .expect("checkpoint")
+                        .map_or(0, |p| {
+                            u64::from_be_bytes(p.as_ref().try_into().expect("8 bytes")) + 1
+                        });
+                    let rows: Vec<Record> = store
+                        .scan_prefix("rows/")
+                        .map(|row| row.expect("scan").1)
+                        .collect();
+                    let seq = rows.first().map_or(0, |r| r.seq);
+                    assert!(
+                        rows.len() as u64 == LARGE_ROWS || rows.is_empty(),
+                        "{durability:?}: one scan saw {} rows",
+                        rows.len()
+                    );
+                    assert!(
+                        rows.iter()
+                            .all(|r| r.seq == seq && r.value == large_value(seq - 1).as_bytes()),
+                        "{durability:?}: one scan saw rows of two batches"
+                    );
+                    assert!(
+                        seq >= committed,
+                        "{durability:?}: batch {committed} checkpointed, rows show {seq}"
+                    );
+                    assert!(
+                        seq >= seq_before,
+                        "{durability:?}: rows went back to batch {seq}"
+                    );
+                    seq_before = seq;
+                    scans.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            // Ends the reader however the writer ends, a failed assertion included.
+            let _writer_done = SetOnDrop(&writer_done);
+            for i in 0..BATCHES {
+                let report = store.apply_batch(&large_batch(i)).expect("apply");
+                let expected = match i {
+                    0 => BatchReport {
+                        inserted: LARGE_ROWS,
+                        ..BatchReport::default()
+                    },
+                    _ => BatchReport {
+                        updated: LARGE_ROWS,
+                        duplicates: 1,
+                        ..BatchReport::default()
+                    },
+                };
+                assert_eq!(
+                    report, expected,
+                    "{durability:?}: batch {i} planned against the one before"
+                );
+                // Every other batch is read back at once; the rest are
+                // followed straight by the next batch.
+                if i % 2 == 0 {
+                    let row = store
+                        .get(format!("rows/{:03}", LARGE_ROWS - 1))
+                        .expect("get")
+                        .expect("row");
+                    assert_eq!(
+                        row.seq,
+                        i + 1,
+                        "{durability:?}: batch {i} read back on return"
+                    );
+                }
+            }
+        });
+        assert!(scans.load(Ordering::Relaxed) > 0, "the reader ran");
+        let row = store.get("rows/000").expect("get").expect("row");
+        assert_eq!(row.seq, BATCHES);
+    }
+}
+
 /// Options for a store on `storage` whose next data sync, once a test holds
 /// it, is a batch's commit sync: under `Sync`, with no zero fill (whose
 /// syncs come first) and no automatic snapshot.

@@ -17,6 +17,7 @@ mod group_commit;
 mod installer;
 mod maintenance;
 mod pending;
+mod publisher;
 mod types;
 mod write;
 
@@ -54,7 +55,9 @@ use group_commit::GroupCommit;
 pub struct Store {
     dir: PathBuf,
     options: Options,
-    index: RwLock<Index>,
+    /// In an `Arc` so that its write lock can be handed to the publisher.
+    index: Arc<RwLock<Index>>,
+    publisher: publisher::Publisher,
     maps: SegmentMaps,
     writer: Mutex<Writer>,
     commit: Arc<GroupCommit>,
@@ -410,7 +413,8 @@ impl Store {
         Ok(Store {
             dir,
             options,
-            index: RwLock::new(recovered.index),
+            index: Arc::new(RwLock::new(recovered.index)),
+            publisher: publisher::Publisher::new(Arc::clone(&commit)),
             maps,
             writer: Mutex::new(Writer {
                 log,

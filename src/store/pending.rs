@@ -25,6 +25,7 @@ use std::collections::VecDeque;
 
 use xxhash_rust::xxh3::xxh3_128;
 
+use super::publisher::Record;
 use crate::apply::classify::DeliveryHash;
 use crate::batch::Delivery;
 use crate::format::record::decode_own_batch;
@@ -42,11 +43,7 @@ const TOUCHED_IDS: usize = 8192;
 #[derive(Debug)]
 struct Written {
     lsn_end: u64,
-    segment: u32,
-    body_at: u32,
-    body: Vec<u8>,
-    /// The writer applied its seen ids to the index already.
-    is_seen_applied: bool,
+    record: Record,
     /// Key index bytes its new keys take once published (`Plan::new_key_bytes`).
     new_key_bytes: u64,
 }
@@ -120,10 +117,12 @@ impl Pending {
         self.new_key_bytes += new_key_bytes;
         self.records.push_back(Written {
             lsn_end,
-            segment,
-            body_at,
-            body: body.to_vec(),
-            is_seen_applied,
+            record: Record {
+                segment,
+                body_at,
+                body: body.to_vec(),
+                is_seen_applied,
+            },
             new_key_bytes,
         });
     }
@@ -153,7 +152,7 @@ impl Pending {
         hashes: &[DeliveryHash],
     ) -> bool {
         for r in self.records.iter().skip(self.touched_covers) {
-            let record = decode_own_batch(&r.body).expect("a written record decodes");
+            let record = decode_own_batch(&r.record.body).expect("a written record decodes");
             self.touched.add(split(xxh3_128(record.batch_id)));
             for w in &record.writes {
                 self.touched.add(split(xxh3_128(w.key)));
@@ -173,28 +172,32 @@ impl Pending {
     /// The pending records' effects, which shadow `index`.
     fn delta(&mut self, index: &Index) -> &Index {
         for r in self.records.iter().skip(self.delta_covers) {
-            apply(&mut self.delta, r, Some(index));
+            r.record
+                .apply(&mut self.delta, Some(index))
+                .expect("a written record applies in log order");
         }
         self.delta_covers = self.records.len();
         &self.delta
     }
 
-    /// Applies to `index`, in log order, every record that ends at or before `lsn`.
-    pub(crate) fn publish(&mut self, lsn: u64, index: &mut Index) {
-        let mut published = false;
+    /// Takes, in log order, every record that ends at or before `lsn`
+    /// (durable now), for the caller to apply to the index before anyone
+    /// reads it again.
+    pub(crate) fn take_published(&mut self, lsn: u64) -> Vec<Record> {
+        let mut published = Vec::new();
         while self.records.front().is_some_and(|r| r.lsn_end <= lsn) {
             let r = self.records.pop_front().expect("front exists");
-            apply(index, &r, None);
             self.new_key_bytes -= r.new_key_bytes;
-            published = true;
+            published.push(r.record);
         }
-        if published {
+        if !published.is_empty() {
             self.forget_delta();
             // Rebuilt from the records still pending when next asked, so
             // that published ones do not fill it up.
             self.touched.clear();
             self.touched_covers = 0;
         }
+        published
     }
 
     /// Drops the shadow, to be rebuilt on top of the index when next needed:
@@ -206,19 +209,6 @@ impl Pending {
             self.delta_covers = 0;
         }
     }
-}
-
-/// Applies a record, but not the seen ids the writer applied to the index
-/// already: the shadow needs none of those either, since a planner that
-/// misses an id there finds it in the index.
-fn apply(target: &mut Index, r: &Written, under: Option<&Index>) {
-    let record = decode_own_batch(&r.body).expect("a written record decodes");
-    let applied = if r.is_seen_applied {
-        target.apply_visible(&record, r.segment, r.body_at, under)
-    } else {
-        target.apply_record(&record, r.segment, r.body_at, under)
-    };
-    applied.expect("a written record applies in log order");
 }
 
 #[cfg(test)]
@@ -262,6 +252,13 @@ mod tests {
         buf
     }
 
+    /// Applies the records durable at `lsn` to `index`, as the store's publisher does.
+    fn publish(pending: &mut Pending, lsn: u64, index: &mut Index) {
+        for record in pending.take_published(lsn) {
+            record.apply(index, None).expect("applies");
+        }
+    }
+
     /// Whether the overlay for `batch` holds `key` (rather than nothing).
     fn overlay_holds(pending: &mut Pending, index: &Index, batch: &Batch, key: &str) -> bool {
         let (_, hashes) = hash_batch(batch);
@@ -285,7 +282,7 @@ mod tests {
             overlay_holds(&mut pending, &index, &on_b, "kb"),
             "touches B's key"
         );
-        pending.publish(10, &mut index);
+        publish(&mut pending, 10, &mut index);
         assert!(index.keys.get(b"ka").is_some(), "A is published");
         assert!(
             pending.touched.is_empty(),
@@ -306,7 +303,7 @@ mod tests {
             pending.forget_delta();
         }
         assert!(!overlay_holds(&mut pending, &index, &elsewhere, "kc"));
-        pending.publish(30, &mut index);
+        publish(&mut pending, 30, &mut index);
         assert!(
             pending.is_empty() && pending.touched.is_empty(),
             "nothing pending, nothing touched"

@@ -103,7 +103,7 @@ impl Store {
         self.commit.check()?;
 
         let (planned, committed_ms) = {
-            let index = self.index.read();
+            let index = self.publisher.read_for_planning(&self.index);
             // The log's clock never goes back, whatever the clock says.
             let now_ms = self
                 .options
@@ -231,11 +231,13 @@ impl Store {
             .write(&buf, &placed)
             .inspect_err(|e| self.poison("append failed", e))?;
         match self.options.durability {
-            Durability::Buffered => self
-                .index
-                .write()
-                .apply_record(&written, placed.segment, placed.body_at, None)
-                .expect("a planned record applies to the index it was planned against"),
+            Durability::Buffered => self.publisher.publish_decoded(
+                &self.index,
+                &written,
+                body,
+                placed.segment,
+                placed.body_at,
+            ),
             Durability::Sync => {
                 // A large record with nothing pending before it (a lone
                 // writer's): the disk starts on it while its seen ids, which
@@ -304,9 +306,8 @@ impl Store {
 
     /// As `publish`, for a caller that holds the writer lock; also notes `lsn` as durable.
     pub(super) fn publish_locked(&self, writer: &mut super::Writer, lsn: u64) {
-        if !writer.pending.is_empty() {
-            writer.pending.publish(lsn, &mut self.index.write());
-        }
+        let published = writer.pending.take_published(lsn);
+        self.publisher.publish(&self.index, published);
         self.commit.durable(lsn);
     }
 
