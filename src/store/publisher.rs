@@ -123,6 +123,11 @@ impl Pace {
         }
     }
 
+    /// Whether records of `bytes` together would go to the thread now.
+    fn would_hand_off(&self, bytes: usize) -> bool {
+        bytes >= HANDOFF_BYTES_MIN && self.inline_left == 0
+    }
+
     /// Whether records of `bytes` together go to the thread (noted as
     /// handed off if so).
     fn hands_off(&mut self, bytes: usize) -> bool {
@@ -245,6 +250,12 @@ impl Publisher {
                 .apply_record(record, segment, body_at, None)
                 .expect("a planned record applies to the index it was planned against"),
         }
+    }
+
+    /// Whether records of `bytes` together would go to the thread if
+    /// published now.
+    pub(super) fn would_hand_off(&self, bytes: usize) -> bool {
+        self.handoffs.is_some() && self.pace.lock().would_hand_off(bytes)
     }
 
     /// Where records of `bytes` together go, if they go to the thread.

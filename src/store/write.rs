@@ -241,13 +241,18 @@ impl Store {
             Durability::Sync => {
                 // A large record with nothing pending before it (a lone
                 // writer's): the disk starts on it while its seen ids, which
-                // no reader sees, go into the index. In log order: every
-                // earlier record is published, and later ones apply theirs
-                // when they are. The rest waits for the sync, in `pending`.
-                let is_early =
+                // no reader sees, go into the index, unless the publishing
+                // thread is to apply them after the caller returns. In log
+                // order: every earlier record is published, and later ones
+                // apply theirs when they are. The rest waits for the sync,
+                // in `pending`.
+                let is_lone_large =
                     placed.record_len >= OVERLAP_RECORD_BYTES_MIN && writer.pending.is_empty();
-                if is_early {
+                if is_lone_large {
                     writer.log.start_write_back(&placed);
+                }
+                let is_early = is_lone_large && !self.publisher.would_hand_off(body.len());
+                if is_early {
                     self.index.write().apply_seen(&written);
                 }
                 writer.pending.push(
