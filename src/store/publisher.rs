@@ -301,6 +301,15 @@ mod tests {
 
     const LARGE: usize = HANDOFF_BYTES_MIN;
 
+    /// Whether the next large record goes to the thread, as the writer
+    /// foresees it when it writes the record and as it is decided.
+    fn hands_off(pace: &mut Pace) -> bool {
+        let foreseen = pace.would_hand_off(LARGE);
+        let decided = pace.hands_off(LARGE);
+        assert_eq!(foreseen, decided);
+        decided
+    }
+
     /// Runs `handoffs` handoffs of a caller whose planning finds the thread
     /// busy (`overtaken`) or not; returns how many records it applied on
     /// its own thread before each handoff.
@@ -312,7 +321,7 @@ mod tests {
         let mut runs = Vec::new();
         for i in 0..handoffs {
             let mut inline = 0;
-            while !pace.hands_off(LARGE) {
+            while !hands_off(pace) {
                 inline += 1;
                 pace.planning(false);
             }
@@ -326,7 +335,11 @@ mod tests {
     fn a_caller_that_leaves_the_thread_time_hands_off_every_large_record() {
         let mut pace = Pace::default();
         assert_eq!(inline_runs(&mut pace, |_| false, 50), vec![0; 50]);
-        assert!(!pace.hands_off(LARGE - 1), "small records stay");
+        let small = LARGE - 1;
+        assert!(
+            !pace.would_hand_off(small) && !pace.hands_off(small),
+            "small records stay"
+        );
         pace.planning(false);
         assert!(pace.hands_off(LARGE));
     }
