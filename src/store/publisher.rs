@@ -143,6 +143,8 @@ impl Pace {
     }
 }
 
+/// Publishes written records: applies them to the index on the writer's
+/// thread, or hands them with the index's write lock to a thread of its own.
 pub(super) struct Publisher {
     /// `None` if the thread could not be spawned: every record is then
     /// applied on the caller's thread.
