@@ -11,7 +11,8 @@
 //! The child opens the store (`Durability::Sync`, small segments) and runs:
 //! - `WRITERS` writers. Writer `w` applies batches `w{w}-{i}` for `i` = 0, 1,
 //!   ..., each a pure function of `(w, i)`: a put of the same value at seq
-//!   `i + 1` to both keys of one of its pairs (`w{w}/p{k}/a` and `.../b`),
+//!   `i + 1` (of 20 KiB in every 64th batch) to both keys of one of its
+//!   pairs (`w{w}/p{k}/a` and `.../b`),
 //!   now and then deletes of both keys of another pair, an add of `w + 1` to
 //!   a shared counter, redeliveries of events of its earlier batches, and
 //!   checkpoint `w{w}` = `i`. It checks each report against the one the
@@ -158,9 +159,19 @@ fn delta(w: u64) -> i64 {
 }
 
 /// The value batch `i` of writer `w` puts into both keys of its pair.
+/// Every `LARGE_EVERY`th batch of a writer puts values of 20 KiB: its
+/// record, with both keys of a pair, is past the size whose application to
+/// the index the store hands to a thread of its own (DESIGN.md,
+/// "Publishing"), so that kills also land while that thread holds a batch.
+const LARGE_EVERY: u64 = 64;
+
 fn value(w: u64, i: u64) -> Vec<u8> {
     let mut v = format!("w{w} b{i} ").into_bytes();
-    let filler = (mix(w, i, 1) % 300) as usize;
+    let filler = if i % LARGE_EVERY == LARGE_EVERY - 1 {
+        20 << 10
+    } else {
+        (mix(w, i, 1) % 300) as usize
+    };
     v.extend(std::iter::repeat_n(b'a' + (i % 26) as u8, filler));
     v
 }
