@@ -744,7 +744,14 @@ impl Run<'_> {
         }
         self.summary.read_to = end;
         // A replay moves no checkpoint: report the one the store holds.
-        self.summary.checkpoint = committed_offset(self.store, &self.options.source).unwrap_or(end);
+        // Otherwise the batch moved it to `end`; reading it back at once
+        // would wait for the batch's publishing (DESIGN.md, "Publishing")
+        // rather than read the next lines meanwhile.
+        self.summary.checkpoint = if report.replayed {
+            committed_offset(self.store, &self.options.source).unwrap_or(end)
+        } else {
+            end
+        };
         self.batch = BatchLines::new(end, self.batch.is_seekable);
         Ok(())
     }

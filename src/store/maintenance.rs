@@ -65,7 +65,7 @@ impl Store {
                 .map_err(|e| Error::io("map", path, e))
                 .inspect_err(|e| self.poison("map failed", e))?;
             self.maps.insert(cut, Arc::clone(&file), map);
-            (cut, lsn, self.index.read().log_time_ms)
+            (cut, lsn, self.read_index().log_time_ms)
         };
         let mut pause = cut_started.elapsed();
 
@@ -277,7 +277,7 @@ impl Store {
                 })
             };
             let first_segment = self.maps.first_id().unwrap_or(segment);
-            let index = self.index.read();
+            let index = self.read_index();
             let end = StateEnd {
                 covered_segment: segment,
                 covered_offset: offset,

@@ -437,6 +437,12 @@ impl Store {
         })
     }
 
+    /// The index, read locked for a reader: once the publishing thread
+    /// has applied what it holds (see `publisher.rs`).
+    fn read_index(&self) -> parking_lot::RwLockReadGuard<'_, Index> {
+        self.publisher.read(&self.index)
+    }
+
     /// The store's directory.
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -449,7 +455,7 @@ impl Store {
     pub fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<Record>> {
         // The value is read under the index lock: compaction moves values
         // and swaps maps under the write lock.
-        let index = self.index.read();
+        let index = self.read_index();
         let Some(entry) = index.keys.get(key.as_ref()) else {
             return Ok(None);
         };
@@ -466,7 +472,7 @@ impl Store {
     /// call. Values are not copied: each row's bytes point into the segment
     /// maps, and stay valid however long the caller keeps them.
     pub fn scan_prefix(&self, prefix: impl AsRef<[u8]>) -> Scan {
-        let index = self.index.read();
+        let index = self.read_index();
         let rows: Vec<Result<(Bytes, Record)>> = index
             .keys
             .range_prefix(prefix.as_ref())
@@ -489,13 +495,12 @@ impl Store {
     /// # Errors
     /// Infallible today; reserved for reads that touch the disk.
     pub fn checkpoint(&self, source: impl AsRef<[u8]>) -> Result<Option<Bytes>> {
-        Ok(self.index.read().checkpoints.get(source.as_ref()).cloned())
+        Ok(self.read_index().checkpoints.get(source.as_ref()).cloned())
     }
 
     /// All checkpoints, by source.
     pub fn checkpoints(&self) -> Vec<(Bytes, Bytes)> {
-        self.index
-            .read()
+        self.read_index()
             .checkpoints
             .iter()
             .map(|(s, p)| (s.clone(), p.clone()))
@@ -508,8 +513,7 @@ impl Store {
     /// Infallible today; reserved for reads that touch the disk.
     pub fn batch(&self, batch_id: impl AsRef<[u8]>) -> Result<Option<BatchReport>> {
         Ok(self
-            .index
-            .read()
+            .read_index()
             .batches
             .get(batch_id.as_ref())
             .map(|e| e.report))
@@ -517,8 +521,7 @@ impl Store {
 
     /// Every committed batch in commit order, with its report.
     pub fn log(&self) -> Vec<LogEntry> {
-        self.index
-            .read()
+        self.read_index()
             .batches
             .in_order()
             .map(|e| LogEntry {
@@ -538,7 +541,7 @@ impl Store {
     /// # Errors
     /// `Corruption` if a value fails its checksum.
     pub fn digest(&self) -> Result<Digest> {
-        let index = self.index.read();
+        let index = self.read_index();
         let mut builder = DigestBuilder::new();
         for (key, entry) in index.keys.range_prefix(b"") {
             if let Some(v) = entry.value() {
@@ -555,7 +558,7 @@ impl Store {
 
     /// Deliveries that were quarantined instead of applied, in commit order.
     pub fn quarantine(&self) -> Vec<QuarantineEntry> {
-        self.index.read().quarantine.clone()
+        self.read_index().quarantine.clone()
     }
 
     /// Counts, sizes on disk and index memory.
@@ -563,7 +566,7 @@ impl Store {
         let (segment_bytes, segments) = self.maps.disk_bytes();
         let disk_bytes = segment_bytes + self.snapshot_bytes();
         let syncs = self.commit.syncs();
-        let index = self.index.read();
+        let index = self.read_index();
         Stats {
             live_keys: index.keys.live_count(),
             tombstones: index.keys.tombstone_count(),
