@@ -159,7 +159,8 @@ pub(super) struct Publisher {
     thread: Option<JoinHandle<()>>,
     /// Set from a handoff until the thread has applied it.
     is_busy: Arc<AtomicBool>,
-    /// Taken by writers only, under the writer lock.
+    /// Taken by writers, under the writer lock, and by readers while the
+    /// thread applies a handoff; never across anything but its own fields.
     pace: Mutex<Pace>,
 }
 
