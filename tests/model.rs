@@ -24,7 +24,10 @@ use proptest::sample::Index;
 const KEYS: [&str; 5] = ["k0", "k1", "k2", "k3", "k4"];
 const SOURCES: [&str; 2] = ["s0", "s1"];
 const VALUES: [&str; 7] = ["a", "b", "7", "-2", "12", "007", ""];
-const VALUE_BYTES_MAX: usize = 24;
+/// One more value, `OpSpec::Put(VALUES.len())`: large enough that a batch
+/// putting it is published by the store's thread (DESIGN.md, "Publishing").
+const LARGE_VALUE_BYTES: usize = 40 << 10;
+const VALUE_BYTES_MAX: usize = LARGE_VALUE_BYTES;
 const ID_BYTES_MAX: usize = 4096;
 const KEY_BYTES_MAX: usize = 4096;
 
@@ -342,7 +345,7 @@ enum Step {
 
 fn op_spec() -> impl Strategy<Value = OpSpec> {
     prop_oneof![
-        5 => (0..VALUES.len()).prop_map(OpSpec::Put),
+        5 => (0..=VALUES.len()).prop_map(OpSpec::Put),
         2 => Just(OpSpec::Delete),
         3 => (-3i64..=3).prop_map(OpSpec::Add),
         1 => prop_oneof![Just(i64::MAX), Just(i64::MIN), Just(i64::MAX - 1)].prop_map(OpSpec::Add),
@@ -393,6 +396,14 @@ fn step() -> impl Strategy<Value = Step> {
 }
 
 // ---------------------------------------------------------------- the runner
+
+/// The value `OpSpec::Put(v)` puts.
+fn put_value(v: usize) -> Bytes {
+    match VALUES.get(v) {
+        Some(value) => Bytes::from_static(value.as_bytes()),
+        None => Bytes::from(vec![b'L'; LARGE_VALUE_BYTES]),
+    }
+}
 
 fn options(policy: OnConflict, durability: Durability) -> Options {
     Options::default()
@@ -458,7 +469,7 @@ impl Runner {
                 key: Bytes::from_static(KEYS[*key].as_bytes()),
                 seq: *seq,
                 op: match op {
-                    OpSpec::Put(v) => Op::Put(Bytes::from_static(VALUES[*v].as_bytes())),
+                    OpSpec::Put(v) => Op::Put(put_value(*v)),
                     OpSpec::Delete => Op::Delete,
                     OpSpec::Add(delta) => Op::Add(*delta),
                 },
@@ -728,7 +739,7 @@ fn run(policy: OnConflict, durability: Durability, steps: Vec<Step>) {
     let other_dir = tempfile::tempdir().unwrap();
     let other = open(
         other_dir.path(),
-        options(OnConflict::Fail, Durability::Buffered).value_bytes_max(1 << 10),
+        options(OnConflict::Fail, Durability::Buffered),
     );
     let mut batch = Batch::new("direct");
     for (i, (key, (seq, value))) in state.0.iter().enumerate() {
