@@ -30,7 +30,10 @@ use crate::image::{START_MS, dir};
 const KEYS: [&str; 5] = ["k0", "k1", "k2", "k3", "k4"];
 const SOURCES: [&str; 2] = ["s0", "s1"];
 const VALUES: [&str; 8] = ["a", "b", "7", "-2", "12", "007", "", "9223372036854775807"];
-const VALUE_BYTES_MAX: usize = 24;
+/// One more value after `VALUES`: large enough that a batch putting it is
+/// published by the store's thread (DESIGN.md, "Publishing").
+const LARGE_VALUE_BYTES: usize = 40 << 10;
+const VALUE_BYTES_MAX: usize = LARGE_VALUE_BYTES;
 const ID_BYTES_MAX: usize = 4096;
 const STEPS_MAX: usize = 48;
 const DELIVERIES_MAX: usize = 12;
@@ -401,9 +404,10 @@ impl Runner {
                 u64::from(seq % 16)
             },
             op: match op {
-                OpSpec::Put(v) => Op::Put(Bytes::from_static(
-                    VALUES[usize::from(*v) % VALUES.len()].as_bytes(),
-                )),
+                OpSpec::Put(v) => match VALUES.get(usize::from(*v) % (VALUES.len() + 1)) {
+                    Some(value) => Op::Put(Bytes::from_static(value.as_bytes())),
+                    None => Op::Put(Bytes::from(vec![b'L'; LARGE_VALUE_BYTES])),
+                },
                 OpSpec::Delete => Op::Delete,
                 OpSpec::Add(delta) => Op::Add(i64::from(*delta)),
                 OpSpec::AddExtreme(x) => {
