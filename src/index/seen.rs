@@ -14,7 +14,8 @@
 //! is exactly the range of `run` whose ids have top bits `b`; the filter
 //! answers "maybe" for every id in `run` and `recent`.
 
-use super::expiry::{is_expired, secs_to_ms};
+use super::PREFETCH_AHEAD;
+use super::expiry::{is_expired, secs_to_ms, to_secs_ceil};
 use super::id_filter::IdFilter;
 use crate::hashing::IdMap;
 
@@ -261,6 +262,18 @@ impl SeenIndex {
         }
     }
 
+    /// Records a batch record's seen ids (`(id, payload)`), committed at
+    /// `committed_ms`.
+    pub(crate) fn insert_batch(&mut self, ids: &[(u128, u64)], committed_ms: u64) {
+        let at_secs = to_secs_ceil(committed_ms);
+        for (i, &(id, payload)) in ids.iter().enumerate() {
+            if let Some(&(ahead, _)) = ids.get(i + PREFETCH_AHEAD) {
+                self.prefetch(ahead);
+            }
+            self.insert(id, Seen { payload, at_secs }, committed_ms);
+        }
+    }
+
     /// Sizes the filter afresh for the ids held now (dropping those that left).
     fn rebuild_filter(&mut self) {
         let ids = self
@@ -449,6 +462,7 @@ impl SeenIndex {
         }
         debug_assert_eq!(i, w, "the old entries below every fresh id stay in place");
         self.update_directory(&fresh);
+
         #[cfg(debug_assertions)]
         self.check_invariants();
     }
