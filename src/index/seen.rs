@@ -462,7 +462,6 @@ impl SeenIndex {
         }
         debug_assert_eq!(i, w, "the old entries below every fresh id stay in place");
         self.update_directory(&fresh);
-
         #[cfg(debug_assertions)]
         self.check_invariants();
     }
