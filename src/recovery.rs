@@ -302,21 +302,25 @@ fn walk(
                     // position first: no frame needs to claim that.
                     segment.synced_to = offset;
                     replay(
-                        &mut MapWalk::new(o.file.as_ref(), &o.map),
-                        o.id,
-                        kind,
-                        offset as usize,
-                        is_newest,
+                        SegmentReplay {
+                            walked: &mut MapWalk::new(o.file.as_ref(), &o.map),
+                            id: o.id,
+                            kind,
+                            from: offset as usize,
+                            is_newest,
+                        },
                         index,
                         (&mut walk.records, &mut segment.synced_to),
                     )
                 }
                 _ => replay(
-                    &mut MapWalk::new(o.file.as_ref(), &o.map),
-                    o.id,
-                    kind,
-                    SEGMENT_HEADER_LEN,
-                    is_newest,
+                    SegmentReplay {
+                        walked: &mut MapWalk::new(o.file.as_ref(), &o.map),
+                        id: o.id,
+                        kind,
+                        from: SEGMENT_HEADER_LEN,
+                        is_newest,
+                    },
                     index,
                     (&mut walk.records, &mut segment.synced_to),
                 ),
@@ -440,6 +444,16 @@ type SeenIds = (Vec<(u128, u64)>, u64);
 /// keep it busy, little memory.
 const SEEN_QUEUE_RECORDS: usize = 16;
 
+/// One segment's records to replay: the segment as walked, its id and
+/// kind, where its records start, and whether it is the log's newest.
+struct SegmentReplay<'w, 'm> {
+    walked: &'w mut MapWalk<'m>,
+    id: u32,
+    kind: FileKind,
+    from: usize,
+    is_newest: bool,
+}
+
 /// Replays one segment's records from `from`; returns where they end.
 ///
 /// A log segment's seen ids go into the index on a thread of their own
@@ -449,16 +463,12 @@ const SEEN_QUEUE_RECORDS: usize = 16;
 /// crash, 179 records replayed, took 62-65 ms where it took 82-86. The
 /// records reach that thread in log order, and only those applied here.
 fn replay(
-    walked: &mut MapWalk<'_>,
-    id: u32,
-    kind: FileKind,
-    from: usize,
-    is_newest: bool,
+    segment: SegmentReplay<'_, '_>,
     index: &mut Index,
     counters: (&mut u64, &mut u64),
 ) -> Result<u64, Problem> {
-    if kind != FileKind::Log {
-        return replay_records(walked, id, kind, from, is_newest, index, None, counters);
+    if segment.kind != FileKind::Log {
+        return replay_records(segment, index, None, counters);
     }
     std::thread::scope(|scope| {
         let (queue, queued) = mpsc::sync_channel::<SeenIds>(SEEN_QUEUE_RECORDS);
@@ -474,21 +484,12 @@ fn replay(
             });
         // Without a thread the seen ids go in here, with the rest.
         let Ok(inserter) = spawned else {
-            return replay_records(walked, id, kind, from, is_newest, index, None, counters);
+            return replay_records(segment, index, None, counters);
         };
         // The thread waits for the seen ids before anything else, so this
         // send cannot fail.
         let _ = give_seen.send(std::mem::take(&mut index.seen));
-        let replayed = replay_records(
-            walked,
-            id,
-            kind,
-            from,
-            is_newest,
-            index,
-            Some(queue),
-            counters,
-        );
+        let replayed = replay_records(segment, index, Some(queue), counters);
         index.seen = inserter
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
@@ -498,20 +499,19 @@ fn replay(
 
 /// `replay`'s loop over the records; a batch record's seen ids go to
 /// `seen_queue` if there is one, into `index` if not.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "replay's arguments, and where the seen ids go"
-)]
 fn replay_records(
-    walked: &mut MapWalk<'_>,
-    id: u32,
-    kind: FileKind,
-    from: usize,
-    is_newest: bool,
+    segment: SegmentReplay<'_, '_>,
     index: &mut Index,
     seen_queue: Option<mpsc::SyncSender<SeenIds>>,
     (records, synced_to): (&mut u64, &mut u64),
 ) -> Result<u64, Problem> {
+    let SegmentReplay {
+        walked,
+        id,
+        kind,
+        from,
+        is_newest,
+    } = segment;
     let map = walked.map;
     if from > map.len() {
         return Err(Problem::at(
@@ -901,11 +901,13 @@ pub(crate) fn load_base(
     let mut index = Index::new(ttls);
     let (mut records, mut synced_to) = (0, 0);
     replay(
-        &mut MapWalk::new(file, map),
-        id,
-        FileKind::Base,
-        SEGMENT_HEADER_LEN,
-        false,
+        SegmentReplay {
+            walked: &mut MapWalk::new(file, map),
+            id,
+            kind: FileKind::Base,
+            from: SEGMENT_HEADER_LEN,
+            is_newest: false,
+        },
         &mut index,
         (&mut records, &mut synced_to),
     )
