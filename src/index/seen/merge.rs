@@ -95,6 +95,11 @@ pub(super) struct Merge {
     pub(super) read: usize,
     /// The lowest bucket in its final place.
     pub(super) bucket: usize,
+    /// The directory the run gets once the merge is done, if it outgrows
+    /// its bucket count: the bits it uses, and its bucket starts, filled as
+    /// the buckets of the one in use reach their final place (lookups use
+    /// that one until the end, with larger buckets).
+    pub(super) next_dir: Option<(u32, Vec<u32>)>,
 }
 
 impl Merge {
@@ -157,6 +162,34 @@ impl Merge {
     }
 }
 
+/// Fills the starts of `next_dir`'s buckets inside `buckets` of `dir`
+/// (which uses `bits`), now in their final place in `run`.
+#[expect(
+    clippy::indexing_slicing,
+    reason = "the buckets are below dir.len() - 1, their ranges inside the run, and the next directory's buckets inside them below its length"
+)]
+fn fill_next_dir(
+    run: &[Entry],
+    dir: &[u32],
+    bits: u32,
+    next_dir: &mut Option<(u32, Vec<u32>)>,
+    buckets: std::ops::Range<usize>,
+) {
+    let Some((next_bits, next)) = next_dir else {
+        return;
+    };
+    let split = *next_bits - bits;
+    for b in buckets {
+        let (lo, hi) = (dir[b] as usize, dir[b + 1] as usize);
+        let entries = &run[lo..hi];
+        let inside = b << split..(b + 1) << split;
+        for (j, start) in inside.clone().zip(&mut next[inside]) {
+            let below = entries.partition_point(|e| bucket_of(*next_bits, e.id) < j);
+            *start = u32::try_from(lo + below).expect("seen ids fit in u32 indices");
+        }
+    }
+}
+
 impl SeenIndex {
     /// Starts a merge of the recent ids, after ending the one under way:
     /// drops ids expired at `now_ms`, takes the recent maps as they are
@@ -200,13 +233,15 @@ impl SeenIndex {
             end: new_len,
             read: old_len,
             bucket: buckets,
+            next_dir: (dir_bits_for(new_len) != self.dir_bits).then(|| {
+                let bits = dir_bits_for(new_len);
+                let mut dir = vec![0; (1 << bits) + 1];
+                if let Some(end) = dir.last_mut() {
+                    *end = u32::try_from(new_len).expect("seen ids fit in u32 indices");
+                }
+                (bits, dir)
+            }),
         });
-        // A run that outgrows its bucket count gets a new directory, which
-        // needs the whole run in place.
-        if dir_bits_for(new_len) != self.dir_bits {
-            self.finish_merge();
-            self.rebuild_directory();
-        }
     }
 
     /// Drops the run's ids that fail `is_live`, moving only those above the
@@ -285,6 +320,13 @@ impl SeenIndex {
             self.dir[bucket + 1..m.bucket]
                 .iter_mut()
                 .for_each(|d| *d += shift);
+            fill_next_dir(
+                &self.run,
+                &self.dir,
+                bits,
+                &mut m.next_dir,
+                bucket + 1..m.bucket,
+            );
             m.sorted.pop();
             m.unplaced -= 1;
             m.read = from;
@@ -301,12 +343,24 @@ impl SeenIndex {
                 self.run.copy_within(lo..m.read, lo + gap);
                 self.times.copy_within(lo..m.read, lo + gap);
                 self.dir[bucket] += u32::try_from(gap).expect("seen ids fit in u32 indices");
+                fill_next_dir(
+                    &self.run,
+                    &self.dir,
+                    bits,
+                    &mut m.next_dir,
+                    bucket..bucket + 1,
+                );
                 m.read = lo;
                 m.bucket = bucket;
                 break;
             }
         }
         if m.unplaced == 0 {
+            // The buckets below the last id placed did not move.
+            fill_next_dir(&self.run, &self.dir, bits, &mut m.next_dir, 0..m.bucket);
+            if let Some((bits, dir)) = m.next_dir.take() {
+                (self.dir_bits, self.dir) = (bits, dir);
+            }
             self.merge = None;
             #[cfg(debug_assertions)]
             self.check_invariants();
