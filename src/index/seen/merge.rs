@@ -5,7 +5,8 @@
 //! that follow, the run grows to its new length and the entries move up
 //! from the top bucket down, each shard's ids sorted out of its map as the
 //! merge reaches them, so that no batch moves the whole run or sorts every
-//! id (DESIGN.md, "Seen index").
+//! id; a run that outgrows its directory gets the new one filled as its
+//! buckets reach their final place (DESIGN.md, "Seen index").
 
 use super::{
     Entry, IdMap, SHARD_BITS, Seen, SeenIndex, as_u128, bucket_of, dir_bits_for, map_bytes,
