@@ -207,7 +207,6 @@ impl SeenIndex {
             }
         }
         let frozen: Vec<_> = self.recent.iter_mut().map(std::mem::take).collect();
-        self.recent_len = 0;
         let unplaced = frozen.iter().map(|shard| shard.len()).sum();
         if unplaced == 0 {
             return;
