@@ -46,8 +46,8 @@ use crate::index::Index;
 const HANDOFF_BYTES_MIN: usize = 32 << 10;
 
 /// Handoffs overtaken in a row before records are applied on the caller's
-/// thread: one alone may just have been long (a seen-index merge at a
-/// doubling of its directory, or a rebuild of its filter).
+/// thread: one alone may just have been long (a rebuild of the seen ids'
+/// filter).
 const OVERTAKEN_IN_A_ROW: u32 = 2;
 
 /// Records applied on the caller's thread after handoffs were overtaken,
