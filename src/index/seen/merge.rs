@@ -121,32 +121,36 @@ impl Merge {
         self.sorted.last()
     }
 
-    /// Where `id` is among the ids not placed yet.
+    /// Where `id` is in the sorted shard being placed, if it is there.
+    fn sorted_at(&self, id: [u64; 2]) -> Option<usize> {
+        self.sorted.binary_search_by(|(e, _)| e.id.cmp(&id)).ok()
+    }
+
+    /// What was recorded for `id` if it is among the ids not placed yet.
     pub(super) fn find(&self, id: [u64; 2]) -> Option<Seen> {
         if let Some(map) = self.frozen.get(shard_of(id)) {
             return map.get(&id).copied();
         }
-        let i = self.sorted.binary_search_by(|(e, _)| e.id.cmp(&id)).ok()?;
-        let &(entry, at_secs) = self.sorted.get(i)?;
+        let &(entry, at_secs) = self.sorted.get(self.sorted_at(id)?)?;
         Some(Seen {
             payload: entry.payload,
             at_secs,
         })
     }
 
-    /// Replaces the record of `id` if it is not placed yet.
+    /// Replaces the record of `id` if it is among the ids not placed yet.
     pub(super) fn replace(&mut self, id: [u64; 2], seen: Seen) -> bool {
         if let Some(map) = self.frozen.get_mut(shard_of(id)) {
             return map.get_mut(&id).map(|held| *held = seen).is_some();
         }
-        let Ok(i) = self.sorted.binary_search_by(|(e, _)| e.id.cmp(&id)) else {
-            return false;
-        };
-        let Some(held) = self.sorted.get_mut(i) else {
-            return false;
-        };
-        *held = run_record(id, seen);
-        true
+        let at = self.sorted_at(id);
+        match at.and_then(|i| self.sorted.get_mut(i)) {
+            Some(held) => {
+                *held = run_record(id, seen);
+                true
+            }
+            None => false,
+        }
     }
 
     /// The ids not placed yet, in no order.
