@@ -24,9 +24,8 @@ use crate::format::state::StateEnd;
 use crate::index::Index;
 use crate::index::expiry::Ttls;
 use crate::log::names::{TMP_SUFFIX, segment_file_name};
-use crate::log::segments::ValueRef;
 use crate::recovery;
-use crate::state_file::{self, Values};
+use crate::state_file::{self, ReadValue, Values};
 use crate::storage::{Storage, StorageFile};
 
 /// What a compaction dropped and what it cost.
@@ -77,7 +76,7 @@ pub(crate) fn rewrite(
     ttls: Ttls,
     cut: u32,
     now_ms: u64,
-    read_value: &dyn Fn(ValueRef) -> Result<Bytes>,
+    read_value: ReadValue<'_>,
 ) -> Result<Rewritten> {
     let (mut state, replaced) = recovery::state_before(storage, dir, ttls, cut)?;
     state.purge_expired(now_ms);

@@ -8,11 +8,10 @@
 //! synced before the caller renames them into place.
 
 mod load;
+mod read_ahead;
 
 use std::path::Path;
 use std::sync::Arc;
-
-use bytes::Bytes;
 
 use crate::error::{Error, Result};
 use crate::format::segment::{
@@ -24,15 +23,17 @@ use crate::format::state::{
 };
 use crate::index::Index;
 use crate::index::keys::KeyState;
-use crate::log::segments::ValueRef;
 use crate::storage::{OpenMode, Storage, StorageFile};
 
 pub(crate) use load::{LoadError, StateLoader};
+use read_ahead::ReadAhead;
+pub(crate) use read_ahead::ReadValue;
 
 /// How the keys' values are written.
 pub(crate) enum Values<'a> {
-    /// Copied into the file (a base segment); read through this function.
-    Inline(&'a dyn Fn(ValueRef) -> Result<Bytes>),
+    /// Copied into the file (a base segment); read through this function,
+    /// from two threads if the storage allows (`read_ahead.rs`).
+    Inline(ReadValue<'a>),
     /// Referred to where they are (a snapshot).
     Refs,
 }
@@ -201,10 +202,17 @@ pub(crate) fn write(
     };
 
     w.section(state::KIND_KEYS)?;
+    let mut read_ahead = match values {
+        Values::Inline(read) => {
+            let live = index.keys.range_prefix(b"").filter_map(|(_, e)| e.value());
+            Some(ReadAhead::new(live, *read, storage.allows_background_io()))
+        }
+        Values::Refs => None,
+    };
     for (key, entry) in index.keys.range_prefix(b"") {
-        let value = match (entry.state, values) {
-            (KeyState::Live(v), Values::Inline(read)) => Some((v, read(v)?)),
-            (KeyState::Live(v), Values::Refs) => {
+        let value = match (entry.state, &mut read_ahead) {
+            (KeyState::Live(v), Some(values)) => Some((v, values.next(v)?)),
+            (KeyState::Live(v), None) => {
                 w.entry(|b| {
                     state::encode_key(
                         b,
