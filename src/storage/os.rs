@@ -20,6 +20,24 @@ fn page_size() -> usize {
     usize::try_from(size).unwrap_or(4096).max(1)
 }
 
+/// Opens `path` so that reading it never updates its access time: the
+/// store reads its values back with a `pread` each (compaction, and puts
+/// compared with the value they would replace), and each one otherwise
+/// checks the time, and after every write to the file also updates it
+/// (a dirty inode). `O_NOATIME` is refused to a process that does not own
+/// the file; it then opens as usual.
+fn open_without_atime(options: &OpenOptions, path: &Path) -> io::Result<File> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        match options.clone().custom_flags(libc::O_NOATIME).open(path) {
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {}
+            opened => return opened,
+        }
+    }
+    options.open(path)
+}
+
 /// The operating system's file system.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct OsStorage;
@@ -41,17 +59,15 @@ impl Storage for OsStorage {
     }
 
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn StorageFile>> {
-        let file = match mode {
+        let mut options = OpenOptions::new();
+        match mode {
             // Not O_APPEND: on Linux, `pwrite` to such a file ignores its
             // offset and appends, and the log writes at offsets.
-            OpenMode::CreateNew => OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .open(path)?,
-            OpenMode::Append => OpenOptions::new().read(true).write(true).open(path)?,
-            OpenMode::Read => OpenOptions::new().read(true).open(path)?,
+            OpenMode::CreateNew => options.read(true).write(true).create_new(true),
+            OpenMode::Append => options.read(true).write(true),
+            OpenMode::Read => options.read(true),
         };
+        let file = open_without_atime(&options, path)?;
         Ok(Arc::new(OsFile {
             file,
             maps: Arc::default(),
@@ -292,6 +308,31 @@ mod tests {
         assert_eq!(&buf, b"llo");
         let e = file.read_at(3, &mut buf).expect_err("past the end");
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+    }
+
+    #[test]
+    fn reading_a_file_leaves_its_access_time_alone() {
+        // An access time older than the file's last change is the one
+        // that `relatime`, the usual mount default, updates on a read.
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("f");
+        fs::write(&path, b"hello").expect("write");
+        let long_ago = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(86_400);
+        File::options()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_times(fs::FileTimes::new().set_accessed(long_ago)))
+            .expect("set the access time");
+        for mode in [OpenMode::Read, OpenMode::Append] {
+            let file = OsStorage.open(&path, mode).expect("open");
+            let mut buf = [0u8; 5];
+            file.read_at(0, &mut buf).expect("read");
+            assert_eq!(&buf, b"hello");
+        }
+        let accessed = fs::metadata(&path)
+            .and_then(|m| m.accessed())
+            .expect("atime");
+        assert_eq!(accessed, long_ago);
     }
 
     #[test]
