@@ -293,15 +293,20 @@ impl SeenIndex {
         let Some(m) = self.merge.as_mut() else {
             return;
         };
+        if budget == 0 {
+            return;
+        }
         let bits = self.dir_bits;
         let grow = m.end.saturating_sub(self.run.len()).min(budget);
         if grow > 0 {
             let len = self.run.len() + grow;
             self.run.resize(len, Entry::default());
             self.times.resize(len, 0);
-            if len < m.end {
-                return;
-            }
+        }
+        // Ids are placed only once the run reaches its new length: the
+        // gap ends at the run's end.
+        if self.run.len() < m.end {
+            return;
         }
         let mut moved = grow;
         while let Some(&(entry, at_secs)) = m.next_to_place() {
