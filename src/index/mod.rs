@@ -103,7 +103,7 @@ impl Index {
     }
 
     /// The committed batch with this id, unless its record has expired at `now_ms`.
-    pub(crate) fn batch_at(&self, batch_id: &[u8], now_ms: u64) -> Option<&BatchEntry> {
+    pub(crate) fn batch_at(&self, batch_id: &[u8], now_ms: u64) -> Option<BatchEntry<'_>> {
         self.batches
             .get(batch_id)
             .filter(|e| !is_expired(e.committed_ms, self.ttls.batch_ms, now_ms))
@@ -218,21 +218,23 @@ impl Index {
                 Bytes::copy_from_slice(position),
             );
         }
-        let batch_id = Bytes::copy_from_slice(record.batch_id);
-        for q in &record.quarantine {
-            self.quarantine.push(QuarantineEntry {
-                batch_id: batch_id.clone(),
-                index: q.index,
-                event_id: Bytes::copy_from_slice(q.event_id),
-                reason: String::from_utf8_lossy(q.reason).into_owned(),
-            });
+        if !record.quarantine.is_empty() {
+            let batch_id = Bytes::copy_from_slice(record.batch_id);
+            for q in &record.quarantine {
+                self.quarantine.push(QuarantineEntry {
+                    batch_id: batch_id.clone(),
+                    index: q.index,
+                    event_id: Bytes::copy_from_slice(q.event_id),
+                    reason: String::from_utf8_lossy(q.reason).into_owned(),
+                });
+            }
         }
-        self.batches.insert(BatchEntry {
-            batch_id,
-            content_hash: record.content_hash,
-            report: BatchReport::from_counts(record.counts),
-            committed_ms: now_ms,
-        });
+        self.batches.insert(
+            record.batch_id,
+            record.content_hash,
+            &BatchReport::from_counts(record.counts),
+            now_ms,
+        );
         self.log_time_ms = now_ms;
         Ok(())
     }

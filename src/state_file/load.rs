@@ -12,7 +12,6 @@ use crate::format::segment::FileKind;
 use crate::format::state::{self, KeyValue, StateEnd, StateRecord};
 use crate::index::Index;
 use crate::index::add_marks::AddMark;
-use crate::index::batches::BatchEntry;
 use crate::index::expiry::COMMIT_MS_MAX;
 use crate::index::keys::{KeyEntry, KeyIndex, KeyState};
 use crate::index::seen::{BulkFilter, Seen};
@@ -365,12 +364,12 @@ impl<'s> StateLoader<'s> {
                     if index.batches.get(b.batch_id).is_some() {
                         return Err(fail("batch id loaded twice"));
                     }
-                    index.batches.insert(BatchEntry {
-                        batch_id: Bytes::copy_from_slice(b.batch_id),
-                        content_hash: b.content_hash,
-                        report: BatchReport::from_counts(b.counts),
-                        committed_ms: b.committed_ms,
-                    });
+                    index.batches.insert(
+                        b.batch_id,
+                        b.content_hash,
+                        &BatchReport::from_counts(b.counts),
+                        b.committed_ms,
+                    );
                     self.totals[2] += 1;
                 }
             }

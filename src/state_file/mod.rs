@@ -265,7 +265,7 @@ pub(crate) fn write(
     w.section(state::KIND_BATCHES)?;
     for e in index.batches.in_order() {
         let view = BatchView {
-            batch_id: &e.batch_id,
+            batch_id: e.batch_id,
             content_hash: e.content_hash,
             committed_ms: e.committed_ms,
             counts: e.report.counts(),

@@ -525,7 +525,7 @@ impl Store {
             .batches
             .in_order()
             .map(|e| LogEntry {
-                batch_id: e.batch_id.clone(),
+                batch_id: Bytes::copy_from_slice(e.batch_id),
                 content_hash: e.content_hash,
                 report: e.report,
                 committed_ms: e.committed_ms,
