@@ -12,8 +12,9 @@
 //!
 //! Commit order is time order, so what expires is a prefix of the deque,
 //! and a purge pops it and hands back the front of the buffer. An id
-//! committed again once its entry expired marks the old slot replaced
-//! (its bytes stay until it reaches the front). The table never removes:
+//! committed again once its entry expired marks the old slot replaced;
+//! replaced slots go when a purge reaches them, or when they outnumber the
+//! live ones as the table is rebuilt. The table never removes:
 //! its buckets for purged or replaced slots fail the lookup's check, and
 //! it is rebuilt, from the live slots only, once it fills.
 
@@ -129,13 +130,13 @@ impl BatchRegistry {
             self.live -= 1;
         }
         if self.table.len() == self.table.capacity() {
+            if self.slots.len() as u64 > 2 * self.live + 64 {
+                self.drop_replaced();
+            }
             self.rebuild_table();
         }
         let at = self.bytes_base + self.bytes.len() as u64;
-        put_bytes(&mut self.bytes, batch_id);
-        for count in report.counts() {
-            put_varint(&mut self.bytes, count);
-        }
+        encode_entry(&mut self.bytes, batch_id, report);
         let commit = self.first_commit + self.slots.len() as u64;
         self.slots.push_back(Slot {
             content_hash,
@@ -260,6 +261,25 @@ impl BatchRegistry {
         self.table = table;
     }
 
+    /// Drops the replaced slots and their bytes, which an id registered
+    /// again and again would otherwise pile up until a purge reached them
+    /// (each table rebuild walking them all). The live slots keep their
+    /// order and are numbered afresh from `first_commit`; the caller
+    /// rebuilds the table.
+    fn drop_replaced(&mut self) {
+        let mut slots = VecDeque::with_capacity(usize::try_from(self.live).unwrap_or(0));
+        let mut bytes = Vec::with_capacity(self.bytes.len());
+        for slot in &self.slots {
+            if let Some(e) = self.entry(slot) {
+                let at = self.bytes_base + bytes.len() as u64;
+                encode_entry(&mut bytes, e.batch_id, &e.report);
+                slots.push_back(Slot { at, ..*slot });
+            }
+        }
+        self.slots = slots;
+        self.bytes = bytes;
+    }
+
     /// Hands back the memory of purged slots: the front of the byte
     /// buffer once it is half of it, and spare capacity once most of it
     /// is spare.
@@ -280,6 +300,14 @@ impl BatchRegistry {
         if self.table.len() as u64 > 2 * self.live + 64 {
             self.rebuild_table();
         }
+    }
+}
+
+/// An entry's bytes: its id, then its report's eight counts.
+fn encode_entry(bytes: &mut Vec<u8>, batch_id: &[u8], report: &BatchReport) {
+    put_bytes(bytes, batch_id);
+    for count in report.counts() {
+        put_varint(bytes, count);
     }
 }
 
@@ -348,6 +376,26 @@ mod tests {
         // 32-byte slots and 5-byte buckets with their spare room, 19 bytes
         // of id and counts: far below the 408 bytes a map of owned ids took.
         assert!(r.memory_bytes() / n < 100, "{}", r.memory_bytes() / n);
+    }
+
+    #[test]
+    fn an_id_registered_again_and_again_holds_one_entry_not_a_pile() {
+        let mut r = BatchRegistry::default();
+        r.insert(b"other", 1, &report(1), 0);
+        for i in 1..200_000u64 {
+            r.insert(b"again", u128::from(i), &report(i), i);
+        }
+        assert_eq!(r.len(), 2);
+        assert!(r.slots.len() < 1_000, "{} slots", r.slots.len());
+        assert!(r.memory_bytes() < 64 << 10, "{} bytes", r.memory_bytes());
+        assert_eq!(r.get(b"other").unwrap().committed_ms, 0);
+        let again = r.get(b"again").unwrap();
+        assert_eq!(
+            (again.content_hash, again.report),
+            (199_999, report(199_999))
+        );
+        let order: Vec<_> = r.in_order().map(|e| e.batch_id).collect();
+        assert_eq!(order, [&b"other"[..], &b"again"[..]]);
     }
 
     /// What the registry promises, kept the plain way.
