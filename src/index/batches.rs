@@ -247,7 +247,8 @@ impl BatchRegistry {
     }
 
     /// A table of the live slots, with room for half as many more (so
-    /// that rebuilds, each O(live), come at most every `live / 2` inserts).
+    /// that rebuilds, each a walk of the slots, come at least `live / 2`
+    /// inserts apart).
     fn rebuild_table(&mut self) {
         let room = self.live + self.live / 2 + 64;
         let mut table = AddrTable::with_capacity(usize::try_from(room).unwrap_or(usize::MAX));
