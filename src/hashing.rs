@@ -7,7 +7,10 @@
 //! only the batch that carries them.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::num::NonZeroU64;
+use std::sync::OnceLock;
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -66,6 +69,38 @@ pub(crate) type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 /// A map keyed by caller bytes.
 pub(crate) type BytesMap<K, V> = HashMap<K, V, BuildHasherDefault<BytesHasher>>;
 
+/// A keyed hash of a value's bytes, which tells a `Put` of the stored
+/// bytes (`unchanged`) from one of other bytes without reading the stored
+/// value (DESIGN.md, "Deciding an unchanged put").
+///
+/// A CRC will not do: it is linear, so any value's CRC can be matched by
+/// choosing four of its bytes, and neither will any unkeyed hash, whose
+/// collisions a sender could search for offline. std's `RandomState` is a
+/// keyed hash built to resist exactly that (SipHash-1-3 today), under a
+/// key drawn at random once per process: fingerprints mean nothing to
+/// another process, so they are never written to disk. Zero is left out
+/// so that a record of the key index can say "not known" with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Fingerprint(NonZeroU64);
+
+impl Fingerprint {
+    pub(crate) fn of(value: &[u8]) -> Self {
+        static KEY: OnceLock<RandomState> = OnceLock::new();
+        let hash = KEY.get_or_init(RandomState::new).hash_one(value);
+        Self(NonZeroU64::new(hash).unwrap_or(NonZeroU64::MIN))
+    }
+
+    /// The fingerprint as a record of the key index holds it (never 0).
+    pub(crate) fn get(self) -> u64 {
+        self.0.get()
+    }
+
+    /// A fingerprint a record holds; `None` for 0, "not known".
+    pub(crate) fn from_stored(stored: u64) -> Option<Self> {
+        NonZeroU64::new(stored).map(Self)
+    }
+}
+
 /// Asks the CPU to fetch the cache line holding `at`, so that a read a
 /// little later finds it in cache: index lookups are cache misses, and a
 /// batch knows its lookups in advance.
@@ -96,6 +131,16 @@ mod tests {
         let id = [0x0123_4567_89ab_cdef_u64, 0xfedc_ba98_7654_3210];
         assert_eq!(build.hash_one(id), id[0].rotate_left(29) ^ id[1]);
         assert_eq!(build.hash_one(5u128 << 64 | 3), 5 ^ 3);
+    }
+
+    #[test]
+    fn fingerprints_tell_values_apart_and_round_trip_through_a_record() {
+        let a = Fingerprint::of(b"the value");
+        assert_eq!(a, Fingerprint::of(b"the value"));
+        assert_ne!(a, Fingerprint::of(b"the valuf"));
+        assert_ne!(Fingerprint::of(b""), Fingerprint::of(b"\0"));
+        assert_eq!(Fingerprint::from_stored(a.get()), Some(a));
+        assert_eq!(Fingerprint::from_stored(0), None);
     }
 
     #[test]

@@ -1322,6 +1322,28 @@ fn a_value_with_the_stored_ones_length_and_crc_but_other_bytes_is_an_update() {
     assert_eq!((report.updated, report.unchanged), (0, 1), "{report:?}");
 }
 
+/// As above, for stored values an open loaded, whose fingerprints the
+/// index does not know (it takes them only from the batches it applies):
+/// there the stored bytes are read and decide.
+#[test]
+fn after_a_reopen_a_value_with_the_stored_ones_length_and_crc_but_other_bytes_is_an_update() {
+    let stored = b"the value stored first, 32 bytes".to_vec();
+    let other = same_crc_other_bytes(&stored);
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), options());
+    commit(&store, &Batch::new("B1").put("e1", "k", 1, &stored));
+    let store = reopen(store, dir.path(), options(), &[], &["B1"]);
+    let report = commit(&store, &Batch::new("B2").put("e2", "k", 2, &other));
+    assert_eq!((report.updated, report.unchanged), (1, 0), "{report:?}");
+    let row = store.get("k").unwrap().expect("live");
+    assert_eq!((row.seq, &row.value[..]), (2, &other[..]));
+    let store = reopen(store, dir.path(), options(), &[], &["B1", "B2"]);
+    let report = commit(&store, &Batch::new("B3").put("e3", "k", 3, &other));
+    assert_eq!((report.updated, report.unchanged), (0, 1), "{report:?}");
+    let report = commit(&store, &Batch::new("B4").put("e4", "k", 4, &stored));
+    assert_eq!((report.updated, report.unchanged), (1, 0), "{report:?}");
+}
+
 /// Unchanged means byte-identical for large values too, which the engine
 /// compares by another path than small ones.
 #[test]

@@ -885,3 +885,41 @@ fn batch_ids_loaded_from_a_state_file_still_expire_oldest_first() {
         assert_eq!(store.stats().batches, 21, "{what}");
     }
 }
+
+/// Compaction moves every live value into its base, and the index keeps
+/// what it knew of each (its fingerprint, which decides whether a `Put` of
+/// the same length and CRC is `unchanged`) with the right key: after the
+/// move, each key's own bytes again are `unchanged`, another key's (of the
+/// same length) `updated`.
+#[test]
+fn after_a_compaction_each_key_s_own_bytes_again_are_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0_MS);
+    let store = Store::open(dir.path(), options(&clock)).unwrap();
+    let value = |k: u64| format!("value of key {k:04}, padded to 40 bytes").into_bytes();
+    let mut first = Batch::new("first");
+    for k in 0..200 {
+        first = first.put(format!("f{k}"), format!("k{k:04}"), 1, value(k));
+    }
+    store.apply_batch(&first).unwrap();
+    for i in 0..100 {
+        store.apply_batch(&batch(i)).unwrap();
+    }
+    store.compact().unwrap();
+    let mut again = Batch::new("again");
+    for k in 0..200 {
+        again = again.put(format!("g{k}"), format!("k{k:04}"), 2, value(k));
+    }
+    let report = store.apply_batch(&again).unwrap();
+    assert_eq!((report.unchanged, report.updated), (200, 0), "{report:?}");
+    let mut swapped = Batch::new("swapped");
+    for k in 0..200 {
+        swapped = swapped.put(format!("w{k}"), format!("k{k:04}"), 3, value(199 - k));
+    }
+    let report = store.apply_batch(&swapped).unwrap();
+    assert_eq!((report.unchanged, report.updated), (0, 200), "{report:?}");
+    for k in 0..200 {
+        let row = store.get(format!("k{k:04}")).unwrap().expect("live");
+        assert_eq!(row.value[..], value(199 - k)[..]);
+    }
+}

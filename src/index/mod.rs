@@ -24,6 +24,7 @@ use bytes::Bytes;
 
 use crate::batch::{BatchReport, QuarantineEntry};
 use crate::format::record::{BatchRecord, WriteView};
+use crate::hashing::Fingerprint;
 use crate::log::segments::ValueRef;
 use add_marks::AddMarks;
 use batches::{BatchEntry, BatchRegistry};
@@ -67,6 +68,12 @@ pub(crate) struct Index {
     pub checkpoints: BTreeMap<Bytes, Bytes>,
     pub quarantine: Vec<QuarantineEntry>,
     pub add_marks: AddMarks,
+    /// Whether the records applied here fingerprint the values they put
+    /// (`ValueRef::fingerprint`): the store's index does once it is open,
+    /// on the thread that publishes; an open's replay does not (a million
+    /// values hashed for comparisons that may never come), nor does the
+    /// pending batches' shadow, which the writer builds on its own thread.
+    pub fingerprints_values: bool,
 }
 
 /// What a purge dropped from memory.
@@ -189,6 +196,7 @@ impl Index {
                         offset,
                         len,
                         crc: Some(crc),
+                        fingerprint: self.fingerprints_values.then(|| Fingerprint::of(value)),
                     })
                 }
                 WriteView::Delete => KeyState::Deleted { at_secs },
@@ -246,5 +254,72 @@ impl Index {
             batch_ids: self.batches.purge(self.ttls.batch_ms, now_ms),
             tombstones: self.keys.purge_tombstones(self.ttls.tombstone_ms, now_ms),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::record::{self, ValueSource, WriteSource, decode_own_batch};
+
+    /// A record that puts `value` under `key` at seq 1, then bumps `bumped` (if any) to seq 2.
+    fn record_putting(key: &[u8], value: &[u8], bumped: Option<&[u8]>) -> Vec<u8> {
+        let mut body = Vec::new();
+        let writes = 1 + usize::from(bumped.is_some());
+        record::encode_batch_head(&mut body, b"B", 7, 1_000, [1, 0, 0, 0, 0, 0, 0, 0]);
+        record::encode_seen(&mut body, &[]);
+        record::encode_writes_count(&mut body, writes);
+        let put = WriteSource::Put(ValueSource::Bytes(value));
+        record::encode_write(&mut body, key, 1, put);
+        if let Some(bumped) = bumped {
+            record::encode_write(&mut body, bumped, 2, WriteSource::Bump);
+        }
+        record::encode_checkpoints(&mut body, std::iter::empty());
+        record::encode_quarantine(&mut body, &[]);
+        record::encode_adds(&mut body, &[]);
+        body
+    }
+
+    fn fingerprint_of(index: &Index, key: &[u8]) -> Option<Fingerprint> {
+        index
+            .keys
+            .get(key)
+            .and_then(|e| e.value())
+            .and_then(|v| v.fingerprint)
+    }
+
+    /// The store's index takes each value's fingerprint as it applies a
+    /// put, and a bump keeps it; an index that does not fingerprint (an
+    /// open's replay) leaves it unknown.
+    #[test]
+    fn values_are_fingerprinted_only_where_asked_and_bumps_keep_them() {
+        let first = record_putting(b"k", b"first value", None);
+        let second = record_putting(b"j", b"other value", Some(b"k"));
+        let mut replayed = Index::default();
+        let mut live = Index {
+            fingerprints_values: true,
+            ..Index::default()
+        };
+        for (index, body) in [(&mut replayed, &first), (&mut live, &first)] {
+            let decoded = decode_own_batch(body).unwrap();
+            index.apply_record(&decoded, 1, 32, None).unwrap();
+        }
+        assert_eq!(fingerprint_of(&replayed, b"k"), None);
+        assert_eq!(
+            fingerprint_of(&live, b"k"),
+            Some(Fingerprint::of(b"first value"))
+        );
+        let decoded = decode_own_batch(&second).unwrap();
+        live.apply_record(&decoded, 1, 500, None).unwrap();
+        assert_eq!(live.keys.get(b"k").map(|e| e.seq), Some(2));
+        assert_eq!(
+            fingerprint_of(&live, b"k"),
+            Some(Fingerprint::of(b"first value")),
+            "a bump keeps the value, and its fingerprint"
+        );
+        assert_eq!(
+            fingerprint_of(&live, b"j"),
+            Some(Fingerprint::of(b"other value"))
+        );
     }
 }

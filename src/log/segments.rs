@@ -13,6 +13,7 @@ use parking_lot::RwLock;
 
 use super::names::segment_file_name;
 use crate::error::{Error, Result};
+use crate::hashing::Fingerprint;
 use crate::storage::StorageFile;
 
 #[derive(Debug)]
@@ -41,6 +42,11 @@ pub(crate) struct ValueRef {
     /// it; only a snapshot written before they did (key tag `REF`) loads
     /// keys without it.
     pub crc: Option<u32>,
+    /// The value's keyed fingerprint, known for values written since the
+    /// store was opened (the key index takes it as it applies their
+    /// records, and keeps it when compaction moves them); `None` for those
+    /// an open loaded.
+    pub fingerprint: Option<Fingerprint>,
 }
 
 fn corruption(segment: u32, offset: u64, reason: &str) -> Error {
@@ -181,9 +187,11 @@ impl SegmentMaps {
 
     /// Whether the stored value equals `candidate`. Cheaper than `read`:
     /// lengths, then the CRC the index knows (which spares reading the
-    /// segment for most values that differ), then the stored CRC against the
-    /// candidate's, then the bytes. Equal bytes under a matching CRC are
-    /// themselves verified, and a damaged value only ever compares unequal.
+    /// segment for most values that differ), then the value's fingerprint,
+    /// if the index knows it, against the candidate's, which decides
+    /// without a read; else the stored CRC against the candidate's, then
+    /// the bytes. Equal bytes under a matching CRC are themselves verified,
+    /// and a damaged value read here only ever compares unequal.
     pub(crate) fn equals(
         &self,
         value: ValueRef,
@@ -195,6 +203,9 @@ impl SegmentMaps {
         }
         if value.crc.is_some_and(|crc| crc != candidate_crc) {
             return Ok(false);
+        }
+        if let Some(fingerprint) = value.fingerprint {
+            return Ok(Fingerprint::of(candidate) == fingerprint);
         }
         // Most likely equal, or a key loaded without its CRC: the stored CRC
         // and bytes decide, read with `read_at`, which maps no page (these
@@ -266,6 +277,33 @@ mod tests {
         maps.equals(value, candidate, crc32fast::hash(candidate))
     }
 
+    /// A value whose fingerprint the index knows is compared without a
+    /// read: here its segment is not even mapped.
+    #[test]
+    fn a_known_fingerprint_decides_without_reading() {
+        let maps = SegmentMaps::new(0);
+        let crc = crc32fast::hash(b"hello");
+        let v = ValueRef {
+            segment: 9,
+            offset: 12,
+            len: 5,
+            crc: Some(crc),
+            fingerprint: Some(Fingerprint::of(b"hello")),
+        };
+        assert!(maps.equals(v, b"hello", crc).unwrap());
+        // Another value of the same CRC (one the CRC alone would pass).
+        assert!(!maps.equals(v, b"hellO", crc).unwrap());
+        assert!(!equals(&maps, v, b"hell").unwrap());
+        let unknown = ValueRef {
+            fingerprint: None,
+            ..v
+        };
+        assert!(
+            maps.equals(unknown, b"hello", crc).is_err(),
+            "without a fingerprint, the read decides"
+        );
+    }
+
     #[test]
     fn equals_compares_without_trusting_damaged_bytes() {
         let storage = crate::storage::OsStorage;
@@ -283,6 +321,7 @@ mod tests {
             offset: 12,
             len: 5,
             crc: None,
+            fingerprint: None,
         };
         assert!(equals(&maps, v, b"hello").unwrap());
         assert!(!equals(&maps, v, b"hellO").unwrap());
@@ -374,6 +413,7 @@ mod tests {
             offset: 12,
             len: 5,
             crc: None,
+            fingerprint: None,
         };
         assert!(!equals(&maps, v, b"hello").unwrap());
         assert!(matches!(maps.read(v), Err(Error::Corruption { .. })));
@@ -392,6 +432,7 @@ mod tests {
                 offset: 4,
                 len: 1000,
                 crc,
+                fingerprint: None,
             };
             assert!(equals(&maps, v, &value).unwrap(), "{crc:?}");
             let mut other = value.clone();
@@ -408,6 +449,7 @@ mod tests {
             offset: 12,
             len: 5,
             crc: None,
+            fingerprint: None,
         };
         assert!(!equals(&maps, unmapped, b"hell").unwrap());
         assert!(!equals(&maps, unmapped, b"hello!").unwrap());
@@ -425,6 +467,7 @@ mod tests {
             offset: 13,
             len: 6,
             crc: Some(crc32fast::hash(b"second")),
+            fingerprint: None,
         };
         assert_eq!(&maps.read(second).unwrap()[..], b"second");
         let first = ValueRef {
@@ -448,6 +491,7 @@ mod tests {
                 offset,
                 len,
                 crc: None,
+                fingerprint: None,
             };
             assert!(corrupt(maps.read(v).map(drop)), "read {offset}+{len}");
             assert!(corrupt(maps.read_copy(v).map(drop)), "copy {offset}+{len}");
@@ -465,6 +509,7 @@ mod tests {
             offset: 4,
             len: 8,
             crc: None,
+            fingerprint: None,
         };
         assert!(corrupt(maps.read(v).map(drop)));
         assert!(corrupt(maps.read_copy(v).map(drop)));
@@ -478,6 +523,7 @@ mod tests {
             offset: 12,
             len: 5,
             crc: None,
+            fingerprint: None,
         };
         assert!(
             equals(&maps, unmapped, b"hello").is_err(),

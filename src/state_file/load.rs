@@ -148,6 +148,7 @@ impl KeyLoader {
                         // The decoder checked it; bases load rarely enough
                         // that computing it again costs nothing worth a field.
                         crc: Some(crc32fast::hash(value)),
+                        fingerprint: None,
                     })
                 }
                 KeyValue::Ref {
@@ -167,6 +168,7 @@ impl KeyLoader {
                         offset,
                         len,
                         crc,
+                        fingerprint: None,
                     })
                 }
                 KeyValue::Tombstone { at_secs } => KeyState::Deleted { at_secs },

@@ -115,6 +115,7 @@ mod tests {
             offset,
             len,
             crc: None,
+            fingerprint: None,
         }
     }
 

@@ -19,6 +19,7 @@ use crate::format::state::StateEnd;
 use crate::index::Index;
 use crate::index::expiry::Ttls;
 use crate::log::names::{SNAPSHOT_FILE, TMP_SUFFIX, segment_file_name};
+use crate::log::segments::ValueRef;
 use crate::options::Durability;
 use crate::state_file::{self, Values};
 
@@ -110,7 +111,11 @@ impl Store {
                     .next()
                     .expect("every live value below the cut is in the base");
                 assert_eq!(k, key, "the base holds the live key being moved");
-                Some(to)
+                // The same bytes, copied: their fingerprint holds.
+                Some(ValueRef {
+                    fingerprint: value.fingerprint,
+                    ..to
+                })
             });
             // At the cut's time, as the base was: a batch committed since
             // has moved the live clock on, and purging at that later time

@@ -413,7 +413,10 @@ impl Store {
         Ok(Store {
             dir,
             options,
-            index: Arc::new(RwLock::new(recovered.index)),
+            index: Arc::new(RwLock::new(Index {
+                fingerprints_values: true,
+                ..recovered.index
+            })),
             publisher: publisher::Publisher::new(Arc::clone(&commit)),
             maps,
             writer: Mutex::new(Writer {

@@ -4,6 +4,7 @@
 
 use super::{KeyEntry, KeyState};
 use crate::format::ID_BYTES_MAX;
+use crate::hashing::Fingerprint;
 use crate::log::segments::ValueRef;
 
 // A record, all little-endian:
@@ -12,13 +13,15 @@ use crate::log::segments::ValueRef;
 // |--------|------|---------------------------------------------------------------|
 // | 0      | 8    | seq                                                           |
 // | 8      | 16   | live: segment, offset, len, CRC; tombstone: second, 0, 0, 0   |
-// | 24     | 2    | key length << 2, plus 2 if the CRC is known, 1 for a tombstone |
-// | 26     | len  | key                                                           |
+// | 24     | 8    | live: the value's fingerprint, 0 if not known; tombstone: 0    |
+// | 32     | 2    | key length << 2, plus 2 if the CRC is known, 1 for a tombstone |
+// | 34     | len  | key                                                           |
 //
 // then zero to three bytes of padding to a multiple of `UNIT_BYTES`.
 const SEQ_AT: usize = 0;
 const STATE_AT: usize = SEQ_AT + 8;
-const KEY_WORD_AT: usize = STATE_AT + 16;
+const FINGERPRINT_AT: usize = STATE_AT + 16;
+const KEY_WORD_AT: usize = FINGERPRINT_AT + 8;
 const KEY_AT: usize = KEY_WORD_AT + 2;
 const TOMBSTONE_FLAG: u16 = 1;
 const CRC_FLAG: u16 = 2;
@@ -239,7 +242,7 @@ impl Arena {
         for a in self.records() {
             if let KeyState::Deleted { .. } = self.entry(a).state {
                 let unused = self.record(a).get(STATE_AT + 4..KEY_WORD_AT);
-                assert_eq!(unused, Some(&[0; 12][..]), "tombstone {a}'s unused words");
+                assert_eq!(unused, Some(&[0; 20][..]), "tombstone {a}'s unused words");
             }
         }
     }
@@ -251,22 +254,25 @@ impl Arena {
 }
 
 pub(super) fn encode_header(entry: KeyEntry, key_len: usize) -> [u8; KEY_AT] {
-    let (state, flags) = match entry.state {
+    let (state, fingerprint, flags) = match entry.state {
         KeyState::Live(v) => {
             let crc_flag = if v.crc.is_some() { CRC_FLAG } else { 0 };
             let crc = v.crc.unwrap_or(0);
-            ([v.segment, v.offset, v.len, crc], crc_flag)
+            let fingerprint = v.fingerprint.map_or(0, Fingerprint::get);
+            ([v.segment, v.offset, v.len, crc], fingerprint, crc_flag)
         }
-        KeyState::Deleted { at_secs } => ([at_secs, 0, 0, 0], TOMBSTONE_FLAG),
+        KeyState::Deleted { at_secs } => ([at_secs, 0, 0, 0], 0, TOMBSTONE_FLAG),
     };
     let key_word = u16::try_from(key_len << 2).expect("key length fits in 14 bits") | flags;
     let mut header = [0; KEY_AT];
     let (seq, rest) = header.split_at_mut(STATE_AT);
     seq.copy_from_slice(&entry.seq.to_le_bytes());
-    let (words, key_word_bytes) = rest.split_at_mut(KEY_WORD_AT - STATE_AT);
+    let (words, rest) = rest.split_at_mut(FINGERPRINT_AT - STATE_AT);
     for (slot, w) in words.chunks_exact_mut(4).zip(state) {
         slot.copy_from_slice(&w.to_le_bytes());
     }
+    let (fingerprint_bytes, key_word_bytes) = rest.split_at_mut(KEY_WORD_AT - FINGERPRINT_AT);
+    fingerprint_bytes.copy_from_slice(&fingerprint.to_le_bytes());
     key_word_bytes.copy_from_slice(&key_word.to_le_bytes());
     header
 }
@@ -283,6 +289,7 @@ pub(super) fn decode_entry(record: &[u8]) -> KeyEntry {
             offset: word(1),
             len: word(2),
             crc: (flags & CRC_FLAG != 0).then(|| word(3)),
+            fingerprint: Fingerprint::from_stored(u64::from_le_bytes(le(record, FINGERPRINT_AT))),
         })
     };
     KeyEntry { seq, state }
