@@ -5,6 +5,8 @@
 //! policies, deletes and tombstones, unchanged puts, deltas, and a reopen that
 //! must keep every one of those facts. The smaller tests pin single rules.
 
+mod common;
+
 use std::path::Path;
 
 use bytes::Bytes;
@@ -1254,52 +1256,6 @@ fn an_oversized_id_is_named_not_copied_into_the_error() {
     assert!(message.contains("(1048576 bytes)"), "{}", &message[..200]);
 }
 
-/// `value` with its first byte changed and its last four bytes set so that
-/// its CRC32 stays the same. CRC32 is affine over GF(2): for a fixed
-/// length, the last four bytes move the checksum by a linear, invertible
-/// map, which is solved here one bit at a time.
-fn same_crc_other_bytes(value: &[u8]) -> Vec<u8> {
-    assert!(
-        value.len() >= 5,
-        "room for a change and the four bytes that undo it"
-    );
-    let tail = value.len() - 4;
-    let mut other = value.to_vec();
-    other[0] ^= 1;
-    other[tail..].fill(0);
-    let base = crc32fast::hash(&other);
-    // For each bit of the tail, the checksum bits it flips; reduced to a
-    // basis whose rows each lead with their own checksum bit.
-    let mut rows: Vec<(u32, u32)> = (0..32)
-        .map(|bit| {
-            let mut flipped = other.clone();
-            flipped[tail + bit / 8] ^= 1 << (bit % 8);
-            (crc32fast::hash(&flipped) ^ base, 1u32 << bit)
-        })
-        .collect();
-    let mut basis: Vec<(u32, u32)> = Vec::new();
-    for bit in (0..32).rev() {
-        let at = rows
-            .iter()
-            .position(|r| r.0 >> bit & 1 == 1)
-            .expect("the tail reaches every checksum bit");
-        let pivot = rows.remove(at);
-        for r in rows.iter_mut().chain(basis.iter_mut()) {
-            if r.0 >> bit & 1 == 1 {
-                *r = (r.0 ^ pivot.0, r.1 ^ pivot.1);
-            }
-        }
-        basis.push(pivot);
-    }
-    let change = crc32fast::hash(value) ^ base;
-    let tail_bits = basis
-        .iter()
-        .filter(|(flips, _)| change & flips != 0)
-        .fold(0, |bits, &(_, tail_bit)| bits ^ tail_bit);
-    other[tail..].copy_from_slice(&tail_bits.to_le_bytes());
-    other
-}
-
 /// A `Put` whose value has the stored value's length and CRC32 but other
 /// bytes is `updated`, and its value stored: the bytes decide, never a
 /// checksum an input can match at will (SPEC: unchanged means
@@ -1307,7 +1263,7 @@ fn same_crc_other_bytes(value: &[u8]) -> Vec<u8> {
 #[test]
 fn a_value_with_the_stored_ones_length_and_crc_but_other_bytes_is_an_update() {
     let stored = b"the value stored first, 32 bytes".to_vec();
-    let other = same_crc_other_bytes(&stored);
+    let other = common::same_crc_other_bytes(&stored);
     assert_ne!(other, stored);
     assert_eq!(crc32fast::hash(&other), crc32fast::hash(&stored));
     let dir = tempfile::tempdir().unwrap();
@@ -1328,7 +1284,7 @@ fn a_value_with_the_stored_ones_length_and_crc_but_other_bytes_is_an_update() {
 #[test]
 fn after_a_reopen_a_value_with_the_stored_ones_length_and_crc_but_other_bytes_is_an_update() {
     let stored = b"the value stored first, 32 bytes".to_vec();
-    let other = same_crc_other_bytes(&stored);
+    let other = common::same_crc_other_bytes(&stored);
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path(), options());
     commit(&store, &Batch::new("B1").put("e1", "k", 1, &stored));

@@ -24,7 +24,7 @@ use bytes::Bytes;
 
 use crate::batch::{BatchReport, QuarantineEntry};
 use crate::format::record::{BatchRecord, WriteView};
-use crate::hashing::Fingerprint;
+use crate::hashing::{FINGERPRINT_BYTES_MAX, Fingerprint};
 use crate::log::segments::ValueRef;
 use add_marks::AddMarks;
 use batches::{BatchEntry, BatchRegistry};
@@ -196,7 +196,9 @@ impl Index {
                         offset,
                         len,
                         crc: Some(crc),
-                        fingerprint: self.fingerprints_values.then(|| Fingerprint::of(value)),
+                        fingerprint: (self.fingerprints_values
+                            && value.len() <= FINGERPRINT_BYTES_MAX)
+                            .then(|| Fingerprint::of(value)),
                     })
                 }
                 WriteView::Delete => KeyState::Deleted { at_secs },
@@ -289,10 +291,27 @@ mod tests {
     }
 
     /// The store's index takes each value's fingerprint as it applies a
-    /// put, and a bump keeps it; an index that does not fingerprint (an
-    /// open's replay) leaves it unknown.
+    /// put (of at most `FINGERPRINT_BYTES_MAX`), and a bump keeps it; an
+    /// index that does not fingerprint (an open's replay) leaves it unknown.
     #[test]
     fn values_are_fingerprinted_only_where_asked_and_bumps_keep_them() {
+        let limit = vec![7u8; FINGERPRINT_BYTES_MAX];
+        let over = vec![7u8; FINGERPRINT_BYTES_MAX + 1];
+        let mut live = Index {
+            fingerprints_values: true,
+            ..Index::default()
+        };
+        for (key, value) in [(&b"limit"[..], &limit), (b"over", &over)] {
+            let body = record_putting(key, value, None);
+            let decoded = decode_own_batch(&body).unwrap();
+            live.apply_record(&decoded, 1, 32, None).unwrap();
+        }
+        assert_eq!(
+            fingerprint_of(&live, b"limit"),
+            Some(Fingerprint::of(&limit))
+        );
+        assert_eq!(fingerprint_of(&live, b"over"), None, "left to the read");
+
         let first = record_putting(b"k", b"first value", None);
         let second = record_putting(b"j", b"other value", Some(b"k"));
         let mut replayed = Index::default();

@@ -35,7 +35,7 @@
 //!   `range_prefix` binary-searches the three lists and merges the stretches
 //!   that match.
 //!
-//! Per key that is 26 + padding (record header) + 4 (run) + 5.7 to 11.4 (the
+//! Per key that is 34 + padding (record header) + 4 (run) + 5.7 to 11.4 (the
 //! table, whose power-of-two bucket count is between 8/7 and 16/7 of its
 //! length) bytes, plus at most one partly used chunk in all and under a byte
 //! for the mid. Chunks grow by doubling up to their full size and are never
