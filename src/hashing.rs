@@ -4,7 +4,9 @@
 //! keys, and costs accordingly. Maps keyed by event-id hashes need no
 //! hashing at all; maps keyed by caller bytes use xxh3 with a fixed seed.
 //! These maps live for one batch, so keys crafted to collide can slow down
-//! only the batch that carries them.
+//! only the batch that carries them. The seen index's recent ids live
+//! longer (until a merge takes them): their maps mix the ids under a seed
+//! of their own (`SeededIdMap`).
 
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
@@ -65,6 +67,76 @@ impl Hasher for BytesHasher {
 
 /// A map keyed by event-id hashes.
 pub(crate) type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+
+/// A map keyed by event-id hashes that outlives a batch. Senders choose
+/// event ids, and xxh3 is not built to keep them from finding ids whose
+/// hashes share the bits a table probes by (a few thousand tries an id
+/// for the bits of one shard's table): `IdHasher`'s fold of such ids put
+/// them all on one probe sequence, each insert and lookup walking the
+/// others until a merge. Here the fold is mixed under seeds drawn at
+/// random for each map, so that only ids whose whole 64-bit folds agree
+/// share their probes.
+pub(crate) type SeededIdMap<K, V> = HashMap<K, V, SeededIds>;
+
+/// Builds `SeededIdHasher`s under the map's seeds.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SeededIds {
+    seeds: [u64; 2],
+}
+
+impl Default for SeededIds {
+    fn default() -> Self {
+        let random = RandomState::new();
+        Self {
+            // The multiplier odd, so that the product loses no bit of the fold.
+            seeds: [random.hash_one(0u64), random.hash_one(1u64) | 1],
+        }
+    }
+}
+
+impl BuildHasher for SeededIds {
+    type Hasher = SeededIdHasher;
+
+    fn build_hasher(&self) -> SeededIdHasher {
+        SeededIdHasher {
+            fold: IdHasher::default(),
+            seeds: self.seeds,
+        }
+    }
+}
+
+/// `IdHasher`'s fold, then a folded multiply under the map's seeds: the
+/// 128-bit product's halves xored, so that every bit of the result
+/// depends on every bit of the fold.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SeededIdHasher {
+    fold: IdHasher,
+    seeds: [u64; 2],
+}
+
+impl Hasher for SeededIdHasher {
+    fn finish(&self) -> u64 {
+        let [add, multiply] = self.seeds;
+        let product = u128::from(self.fold.finish() ^ add) * u128::from(multiply);
+        (product >> 64) as u64 ^ product as u64
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        self.fold.write(bytes);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.fold.write_usize(n);
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.fold.write_u64(v);
+    }
+
+    fn write_u128(&mut self, v: u128) {
+        self.fold.write_u128(v);
+    }
+}
 
 /// A map keyed by caller bytes.
 pub(crate) type BytesMap<K, V> = HashMap<K, V, BuildHasherDefault<BytesHasher>>;
@@ -147,6 +219,30 @@ mod tests {
         assert_ne!(Fingerprint::of(b""), Fingerprint::of(b"\0"));
         assert_eq!(Fingerprint::from_stored(a.get()), Some(a));
         assert_eq!(Fingerprint::from_stored(0), None);
+    }
+
+    /// Ids whose unkeyed folds share their low 32 bits (what a sender can
+    /// search for) share a table's probe sequence under `IdHasher`, and
+    /// spread under a seeded map's hasher.
+    #[test]
+    fn ids_crafted_to_share_a_fold_s_low_bits_spread_under_a_seeded_map() {
+        let ids: Vec<[u64; 2]> = (0..1_000u64)
+            .map(|i| {
+                let high = i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                // rotl(high, 29) ^ low == i << 32 | 0x1234_5678
+                [high, high.rotate_left(29) ^ (i << 32 | 0x1234_5678)]
+            })
+            .collect();
+        let unkeyed = BuildHasherDefault::<IdHasher>::default();
+        assert!(
+            ids.iter()
+                .all(|id| unkeyed.hash_one(id) as u32 == 0x1234_5678)
+        );
+        let seeded = SeededIds::default();
+        let low_bits: std::collections::HashSet<u64> =
+            ids.iter().map(|id| seeded.hash_one(id) & 0xFFFF).collect();
+        assert!(low_bits.len() > 950, "{} distinct", low_bits.len());
+        assert_eq!(seeded.hash_one(ids[7]), seeded.hash_one(ids[7]));
     }
 
     #[test]

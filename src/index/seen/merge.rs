@@ -9,7 +9,7 @@
 //! buckets reach their final place (DESIGN.md, "Seen index").
 
 use super::{
-    Entry, IdMap, SHARD_BITS, Seen, SeenIndex, as_u128, bucket_of, dir_bits_for, map_bytes,
+    Entry, RecentMap, SHARD_BITS, Seen, SeenIndex, as_u128, bucket_of, dir_bits_for, map_bytes,
     run_record, shard_of, top_bits,
 };
 use crate::index::expiry::{is_expired, secs_to_ms};
@@ -28,7 +28,7 @@ use crate::index::expiry::{is_expired, secs_to_ms};
     clippy::indexing_slicing,
     reason = "buckets come from `bits` bits (< starts.len() - 1), and the prefix sums end at the count"
 )]
-fn drain_sorted(shard: &mut IdMap<[u64; 2], Seen>) -> Vec<(Entry, u32)> {
+fn drain_sorted(shard: &mut RecentMap) -> Vec<(Entry, u32)> {
     const SMALL: usize = 16;
     let entries = |(id, s): ([u64; 2], Seen)| run_record(id, s);
     if shard.len() < 256 {
@@ -81,7 +81,7 @@ fn drain_sorted(shard: &mut IdMap<[u64; 2], Seen>) -> Vec<(Entry, u32)> {
 #[derive(Debug)]
 pub(super) struct Merge {
     /// The shards not taken out yet: those below `frozen.len()`.
-    pub(super) frozen: Vec<IdMap<[u64; 2], Seen>>,
+    pub(super) frozen: Vec<RecentMap>,
     /// The ids of the shard being placed not placed yet, sorted; all in
     /// buckets below `bucket`, and above every id still in `frozen`.
     pub(super) sorted: Vec<(Entry, u32)>,
@@ -412,7 +412,7 @@ mod tests {
             let mut want: Vec<(Entry, u32)> =
                 items.iter().map(|&(id, s)| run_record(id, s)).collect();
             want.sort_unstable_by_key(|(e, _)| e.id);
-            let mut shard: IdMap<[u64; 2], Seen> = items.into_iter().collect();
+            let mut shard: RecentMap = items.into_iter().collect();
             assert_eq!(drain_sorted(&mut shard), want);
             assert!(shard.is_empty());
         }

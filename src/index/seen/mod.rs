@@ -23,7 +23,7 @@ mod merge;
 use super::PREFETCH_AHEAD;
 use super::expiry::{is_expired, secs_to_ms, to_secs_ceil};
 use super::id_filter::IdFilter;
-use crate::hashing::IdMap;
+use crate::hashing::SeededIdMap;
 use merge::Merge;
 
 /// One seen id. `[u64; 2]` rather than `u128` keeps the entry 8-aligned and
@@ -145,14 +145,15 @@ impl<'a> SeenSlice<'a> {
 }
 
 /// Recent ids, in one map per shard of their top bits. The ids are
-/// already uniform hashes: the maps need no further hashing.
-type Shards = [IdMap<[u64; 2], Seen>; SHARDS];
+/// already hashes, which the maps only mix under a seed of their own.
+type RecentMap = SeededIdMap<[u64; 2], Seen>;
+type Shards = [RecentMap; SHARDS];
 
 #[expect(
     clippy::indexing_slicing,
     reason = "shard_of is the top SHARD_BITS bits: below SHARDS"
 )]
-fn shard(shards: &Shards, id: [u64; 2]) -> &IdMap<[u64; 2], Seen> {
+fn shard(shards: &Shards, id: [u64; 2]) -> &RecentMap {
     &shards[shard_of(id)]
 }
 
@@ -160,13 +161,13 @@ fn shard(shards: &Shards, id: [u64; 2]) -> &IdMap<[u64; 2], Seen> {
     clippy::indexing_slicing,
     reason = "shard_of is the top SHARD_BITS bits: below SHARDS"
 )]
-fn shard_mut(shards: &mut Shards, id: [u64; 2]) -> &mut IdMap<[u64; 2], Seen> {
+fn shard_mut(shards: &mut Shards, id: [u64; 2]) -> &mut RecentMap {
     &mut shards[shard_of(id)]
 }
 
 /// A map's bytes by capacity (std's SwissTable: one slot of key and value
 /// plus one control byte per bucket).
-fn map_bytes(map: &IdMap<[u64; 2], Seen>) -> usize {
+fn map_bytes(map: &RecentMap) -> usize {
     map.capacity() * (std::mem::size_of::<([u64; 2], Seen)>() + 1)
 }
 
