@@ -291,7 +291,8 @@ mod tests {
             fingerprint: Some(Fingerprint::of(b"hello")),
         };
         assert!(maps.equals(v, b"hello", crc).unwrap());
-        // Another value of the same CRC (one the CRC alone would pass).
+        // Other bytes handed in with the stored CRC, as bytes made to match
+        // it would be: the CRC check passes, the fingerprint decides.
         assert!(!maps.equals(v, b"hellO", crc).unwrap());
         assert!(!equals(&maps, v, b"hell").unwrap());
         let unknown = ValueRef {
